@@ -1,0 +1,135 @@
+"""Chained prefix hashes, object keys and the model fingerprint.
+
+Hashes are blake3 over little-endian int64 token ids chained block by block, so two
+processes or machines that see the same tokens derive the same keys (never Python's salted
+``hash``). A prefix hash identifies the token prefix ``[0, end)`` for any ``end``: full
+blocks are chained, a trailing partial block is hashed onto the last full-block hash.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import blake3
+import numpy as np
+
+HASH_BYTES = 16
+ROOT_HASH = bytes(HASH_BYTES)  # hash of the empty prefix
+
+
+class ObjectKind(str, Enum):
+    """The three object kinds, each stored in its own pool."""
+
+    KV = "kv"
+    STATE = "state"
+    ANCHOR = "anchor"
+
+
+def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Return ``tokens`` as a contiguous 1-D int64 array (no copy when already one).
+
+    Raises ValueError on a non 1-D input or negative token ids.
+    """
+    arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+    if arr.ndim != 1:
+        raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
+    if arr.size and int(arr.min()) < 0:
+        raise ValueError("token ids must be non-negative")
+    return arr
+
+
+def _h(prev: bytes, block: np.ndarray) -> bytes:
+    return blake3.blake3(prev + block.astype("<i8", copy=False).tobytes()).digest(HASH_BYTES)
+
+
+def chain_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[bytes]:
+    """Hash of every full block prefix: element ``i`` identifies ``tokens[:(i+1)*block_size]``."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    arr = as_tokens(tokens)
+    out: list[bytes] = []
+    prev = ROOT_HASH
+    for start in range(0, arr.size - block_size + 1, block_size):
+        prev = _h(prev, arr[start : start + block_size])
+        out.append(prev)
+    return out
+
+
+class PrefixHasher:
+    """Prefix hashes of one token sequence at arbitrary ends, sharing the block chain.
+
+    The hash of ``[0, end)`` equals ``chain_hashes`` at block ends and otherwise hashes the
+    partial tail onto the last full block, so it is independent of how the sequence was
+    cut. Immutable after construction; ``at`` raises ValueError outside ``[0, len]``.
+    """
+
+    def __init__(self, tokens: Sequence[int] | np.ndarray, block_size: int) -> None:
+        self.tokens = as_tokens(tokens)
+        self.block_size = block_size
+        self.blocks = chain_hashes(self.tokens, block_size)
+
+    def at(self, end: int) -> bytes:
+        if not 0 <= end <= self.tokens.size:
+            raise ValueError(f"prefix end {end} outside [0, {self.tokens.size}]")
+        nfull = end // self.block_size
+        prev = self.blocks[nfull - 1] if nfull else ROOT_HASH
+        if end % self.block_size == 0:
+            return prev
+        # A distinct domain byte keeps a partial tail from colliding with a full block.
+        return _h(prev + b"\x01", self.tokens[nfull * self.block_size : end])
+
+
+def prefix_hash(tokens: Sequence[int] | np.ndarray, end: int, block_size: int) -> bytes:
+    """One-off prefix hash of ``tokens[:end]`` (see ``PrefixHasher``)."""
+    return PrefixHasher(as_tokens(tokens)[:end], block_size).at(end)
+
+
+def model_fingerprint(fields: Mapping[str, object]) -> str:
+    """Stable hex fingerprint of everything that makes stored bytes model specific.
+
+    ``fields`` is typically ``ModelGeometry.fingerprint_fields()`` plus the engine's layout
+    (block size, KV layout). Any change of geometry, dtype or TP size changes it.
+    """
+    blob = json.dumps(fields, sort_keys=True, default=str).encode()
+    return blake3.blake3(blob).hexdigest(length=16)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """Identity of one stored object: ``(model fingerprint, prefix hash, kind)``.
+
+    ``end`` is the token position the prefix hash identifies (chunk end for KV, the
+    checkpoint position for a state, page end for anchors); ``start`` is where a KV chunk
+    or anchor page begins (equal to ``end`` for a state). Both are part of the key so a
+    partial tail chunk never aliases a full chunk.
+    """
+
+    fingerprint: str
+    prefix: bytes
+    kind: ObjectKind
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start <= self.end:
+            raise ValueError(f"bad key range [{self.start}, {self.end})")
+
+    def digest(self) -> str:
+        """Hex name safe for files and remote stores (depends on every field)."""
+        raw = f"{self.fingerprint}|{self.prefix.hex()}|{self.kind.value}|{self.start}|{self.end}"
+        return blake3.blake3(raw.encode()).hexdigest(length=20)
+
+    def to_str(self) -> str:
+        """Readable, parseable form: ``fp@kind@start@end@prefixhex``."""
+        return f"{self.fingerprint}@{self.kind.value}@{self.start}@{self.end}@{self.prefix.hex()}"
+
+    @classmethod
+    def from_str(cls, s: str) -> ObjectKey:
+        try:
+            fp, kind, start, end, prefix = s.split("@")
+            return cls(fp, bytes.fromhex(prefix), ObjectKind(kind), int(start), int(end))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"not an object key: {s!r}") from exc

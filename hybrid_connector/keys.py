@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 import blake3
 import numpy as np
@@ -20,7 +20,7 @@ HASH_BYTES = 16
 ROOT_HASH = bytes(HASH_BYTES)  # hash of the empty prefix
 
 
-class ObjectKind(str, Enum):
+class ObjectKind(StrEnum):
     """The three object kinds, each stored in its own pool."""
 
     KV = "kv"

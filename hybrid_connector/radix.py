@@ -20,7 +20,7 @@ refs, ``kv_lock == kv_lock_own + sum(child.kv_lock)``, and lock counts are never
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -134,7 +134,10 @@ class RadixTree:
     a state keeps its id). ``remove_leaf`` and ``merge_into_child`` retire node ids.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_move: Callable[[Node, Iterable[ObjectRef]], None] | None = None) -> None:
+        """``on_move(node, refs)`` is told whenever a split or merge moves refs to ``node``
+        (so an owner indexing refs by node id can follow)."""
+        self.on_move = on_move
         self._next_id = 1
         self.root = Node(0, None, np.zeros(0, dtype=np.int64), 0)
         self._nodes: dict[int, Node] = {0: self.root}
@@ -156,7 +159,8 @@ class RadixTree:
     def match(self, tokens: Sequence[int] | np.ndarray) -> MatchResult:
         """Longest prefix of ``tokens`` present in the tree. No side effects."""
         arr = as_tokens(tokens)
-        node, pos, path = self.root, 0, []
+        node, pos = self.root, 0
+        path: list[Node] = []
         while pos < arr.size:
             child = node.children.get(int(arr[pos]))
             if child is None:
@@ -216,6 +220,8 @@ class RadixTree:
         node.anchors = {e: r for e, r in node.anchors.items() if e > at}
         upper.kv_lock = node.kv_lock  # every lock below passes through the new node
         upper.last_access = node.last_access
+        if self.on_move is not None and (upper.kv or upper.anchors):
+            self.on_move(upper, [*upper.kv.values(), *upper.anchors.values()])
         return upper
 
     def insert(self, tokens: Sequence[int] | np.ndarray) -> Node:
@@ -335,6 +341,8 @@ class RadixTree:
         child.parent = node.parent
         node.parent.children[int(node.tokens[0])] = child
         child.last_access = max(child.last_access, node.last_access)
+        if self.on_move is not None and (node.kv or node.anchors):
+            self.on_move(child, [*node.kv.values(), *node.anchors.values()])
         del self._nodes[node.id]
         node.parent, node.children, node.kv, node.anchors = None, {}, {}, {}
         return child
@@ -388,7 +396,7 @@ class RadixTree:
                     fail(f"{n} not reachable from its parent by its first token")
                 if n.tokens.size == 0:
                     fail(f"{n} has an empty edge")
-                if n.depth != n.parent.depth + n.tokens.size:
+                elif n.depth != n.parent.depth + n.tokens.size:
                     fail(f"{n} depth mismatch")
             for slot, kind in ((n.kv, ObjectKind.KV), (n.anchors, ObjectKind.ANCHOR)):
                 for end, ref in slot.items():

@@ -56,7 +56,7 @@ class ObjectStore(ABC):
     def remove(self, keys: Sequence[ObjectKey]) -> None:
         """Forget the keys (missing keys are ignored). Not reported to the drop listener."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the store must not be used afterwards."""
 
     def set_drop_listener(self, listener: DropListener | None) -> None:

@@ -1,0 +1,524 @@
+"""``HybridCache``: the engine-neutral facade over the radix index, policies and store.
+
+Life of a request, as an engine drives it::
+
+    plan = cache.lookup(prompt)            # scheduler side, no side effects
+    saves = cache.plan_saves(prompt)       # where admission wants checkpoints
+    lease = cache.acquire(plan)            # lock what will be loaded
+    loaded = cache.load(plan)              # worker side: payloads from the store
+    cache.save(tokens, items)              # KV chunks, checkpoints, anchors as produced
+    cache.release(lease)
+    cache.finish(all_tokens, items)        # final checkpoint (admission), release dead KV
+
+**The hit rule** (never broken): a hit of length p needs KV for every attention layer over
+``[0, p)`` and a recurrent state at exactly p (a checkpoint, or anchors covering the replay
+window when replay is enabled, labelled approximate), p < prompt length and p a multiple of
+the alignment. Anything else is a miss for those tokens.
+
+Thread safety: every public method takes one lock; store I/O in ``load`` runs outside it on
+objects the caller should have locked with ``acquire``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens, model_fingerprint
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.plan import (
+    SLOW_TIERS,
+    LoadPlan,
+    LoadResult,
+    PlannedObject,
+    SaveItem,
+    SaveResult,
+)
+from hybrid_connector.policies import build
+from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
+from hybrid_connector.radix import Node, ObjectRef, RadixTree
+from tiers.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheStats:
+    """Running counters (mutable, owned by the cache; copy before publishing)."""
+
+    lookups: int = 0
+    hits: int = 0
+    approx_hits: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    stored: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
+    rejected: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
+    evicted: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
+    load_failures: int = 0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Locks taken by ``acquire``; pass back to ``release`` exactly once."""
+
+    kv_node: int
+    state_node: int
+    anchor_nodes: tuple[int, ...]
+
+
+class HybridCache:
+    """Prefix cache for one model fingerprint over one ``ObjectStore``."""
+
+    def __init__(
+        self,
+        config: HybridConfig,
+        geometry: ModelGeometry,
+        store: ObjectStore,
+        eviction: EvictionPolicy | None = None,
+        admission: AdmissionPolicy | None = None,
+        layout: dict[str, object] | None = None,
+    ) -> None:
+        """``layout`` holds engine facts that change stored bytes (block size, KV layout);
+        they enter the fingerprint so objects from another layout can never be loaded."""
+        self.config = config
+        self.geometry = geometry
+        self.store = store
+        self.tree = RadixTree(on_move=self._on_move)
+        self.fingerprint = model_fingerprint(
+            {**geometry.fingerprint_fields(), "chunk": config.chunk_size,
+             "hash_block": config.hash_block_size, **(layout or {})}
+        )
+        self.needs_state = bool(geometry.recurrent_layers)
+        self.eviction = eviction or build.eviction(config)
+        self.admission = admission or build.admission(config)
+        self.eviction.bind(self.tree, geometry, self._evictable)
+        self.stats = CacheStats()
+        self._clock = 0.0
+        self._lock = threading.RLock()
+        self._where: dict[ObjectKey, int] = {}  # key -> node id holding its ref
+        store.set_drop_listener(self._on_store_drop)
+        store.set_demotion_filter(self._merits_demotion)
+
+    # ---------------------------------------------------------------- lookup
+    def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None) -> LoadPlan:
+        """The longest usable hit for ``tokens`` under the hit rule. No side effects.
+
+        ``alignment`` (default ``config.alignment``) restricts hit lengths to its multiples.
+        """
+        arr = as_tokens(tokens)
+        align = alignment or self.config.alignment
+        with self._lock:
+            m = self.tree.match(arr)
+            limit = min(m.length, arr.size - 1)
+            if limit <= 0:
+                return LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
+            nodes = list(m.path) + ([m.partial] if m.partial is not None else [])
+            chain, reach = self._kv_chain(nodes, m.length)
+            best_p, best_node = 0, self.tree.root
+            if self.needs_state:
+                for node in m.path:
+                    if (node.state is not None and node.depth <= min(limit, reach)
+                            and node.depth % align == 0 and node.depth > best_p):
+                        best_p, best_node = node.depth, node
+            else:
+                best_p = (min(limit, reach) // align) * align
+                best_node = m.path[-1] if m.path else self.tree.root
+            replay = self._replay_candidate(nodes, min(limit, reach), align, best_p)
+            if replay is not None:
+                p, anchors = replay
+                return self._plan(arr, chain, p, None, anchors, reach, m.length, best_node)
+            if best_p == 0:
+                return LoadPlan(0, True, kv_tokens=reach, matched_tokens=m.length,
+                                prompt_tokens=int(arr.size))
+            return self._plan(arr, chain, best_p, best_node.state, [], reach, m.length, best_node)
+
+    def _kv_chain(self, nodes: Sequence[Node], matched: int) -> tuple[list[ObjectRef], int]:
+        """KV chunks covering ``[0, reach)`` contiguously from 0, along the matched path."""
+        by_start: dict[int, ObjectRef] = {}
+        for node in nodes:
+            for end, ref in node.kv.items():
+                if end <= matched and (ref.start not in by_start
+                                       or by_start[ref.start].end < end):
+                    by_start[ref.start] = ref
+        chain, reach = [], 0
+        while reach in by_start:
+            ref = by_start[reach]
+            chain.append(ref)
+            if ref.end <= reach:
+                break
+            reach = ref.end
+        return chain, reach
+
+    def _replay_candidate(
+        self, nodes: Sequence[Node], limit: int, align: int, exact_p: int
+    ) -> tuple[int, list[ObjectRef]] | None:
+        """Deepest page end p > exact_p whose replay window is fully covered by anchors."""
+        if not self.config.replay or not self.needs_state:
+            return None
+        anchors = {e: r for n in nodes for e, r in n.anchors.items() if e <= limit}
+        page = self.config.anchor_page_size
+        for p in sorted(anchors, reverse=True):
+            if p <= exact_p or p % align:
+                continue
+            window = min(int(self.config.replay_budget_frac * p), self.config.replay_max_tokens)
+            window = max(page, window - window % page)
+            start = max(0, p - window)
+            pages = [anchors.get(e) for e in range(start + page, p + 1, page)]
+            if all(r is not None for r in pages):
+                return p, [r for r in pages if r is not None]
+        return None
+
+    def _plan(
+        self, arr: np.ndarray, chain: list[ObjectRef], p: int, state: ObjectRef | None,
+        anchors: list[ObjectRef], reach: int, matched: int, node: Node,
+    ) -> LoadPlan:
+        kv = [r for r in chain if r.start < p]
+        refs = [*kv, *([state] if state else []), *anchors]
+        tiers = self.store.where([r.key for r in refs])
+        if any(t is None for t in tiers):
+            # The index lags a store drop: never promise what cannot be read.
+            return LoadPlan(0, True, kv_tokens=reach, matched_tokens=matched,
+                            prompt_tokens=int(arr.size))
+        planned = [PlannedObject(r, t) for r, t in zip(refs, tiers, strict=True) if t]
+        n_kv = len(kv)
+        return LoadPlan(
+            num_tokens=p,
+            exact=state is not None or not self.needs_state,
+            kv=tuple(planned[:n_kv]),
+            state=planned[n_kv] if state else None,
+            anchors=tuple(planned[n_kv + (1 if state else 0):]),
+            replay_from=anchors[0].start if anchors else p,
+            kv_tokens=reach,
+            matched_tokens=matched,
+            prompt_tokens=int(arr.size),
+            node_id=node.id,
+            is_async=any(o.tier in SLOW_TIERS for o in planned),
+        )
+
+    def record_lookup(self, plan: LoadPlan) -> None:
+        """Count a lookup in the statistics (separate so ``lookup`` stays pure)."""
+        with self._lock:
+            self.stats.lookups += 1
+            self.stats.prompt_tokens += plan.prompt_tokens
+            if plan.hit:
+                self.stats.hits += 1
+                self.stats.hit_tokens += plan.num_tokens
+                self.stats.approx_hits += not plan.exact
+
+    # ------------------------------------------------------------ save plans
+    def plan_saves(
+        self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None
+    ) -> SavePlan:
+        """Where admission wants checkpoints while ``tokens`` (a prompt) is prefilled, by
+        speculative insertion. No side effects."""
+        arr = as_tokens(tokens)
+        align = alignment or self.config.alignment
+        with self._lock:
+            m = self.tree.match(arr)
+            positions = self.admission.state_positions(self.tree, m, arr, align)
+            nodes = list(m.path) + ([m.partial] if m.partial is not None else [])
+            _, reach = self._kv_chain(nodes, m.length)
+            kv_from = reach - reach % self.config.chunk_size
+            return SavePlan(tuple(sorted(set(positions))), m.branch_point, kv_from)
+
+    # ----------------------------------------------------------------- locks
+    def acquire(self, plan: LoadPlan) -> Lease | None:
+        """Lock the plan's objects against eviction and count it as an access.
+
+        Returns ``None`` (and locks nothing) when the plan went stale: its node left the
+        tree or an object was dropped since ``lookup``; the caller should look up again.
+        """
+        if not plan.hit:
+            return None
+        with self._lock:
+            node = self.tree.node(plan.node_id)
+            if node is None or any(self._where.get(o.ref.key) is None for o in plan.objects):
+                return None
+            kv_node = self._deepest_holder(node, plan.num_tokens)
+            self.tree.lock_kv(kv_node)
+            state_node = 0
+            if plan.state is not None:
+                self.tree.lock_state(node)
+                state_node = node.id
+            anchor_nodes = tuple(sorted({self._where[o.ref.key] for o in plan.anchors}))
+            for nid in anchor_nodes:
+                self.tree.lock_anchors(self._node(nid))
+            self._clock += 1
+            self.eviction.on_access(self.tree.path_to(node), self._clock)
+            node.hits += 1
+            return Lease(kv_node.id, state_node, anchor_nodes)
+
+    def _deepest_holder(self, node: Node, p: int) -> Node:
+        """The node on ``node``'s path whose edge holds position p (what KV locks pin)."""
+        cur = node
+        while cur.parent is not None and cur.start >= p:
+            cur = cur.parent
+        return cur
+
+    def release(self, lease: Lease | None) -> None:
+        """Drop the locks of ``acquire``. Safe with ``None``."""
+        if lease is None:
+            return
+        with self._lock:
+            self.tree.lock_kv(self._node(lease.kv_node), -1)
+            if lease.state_node:
+                self.tree.lock_state(self._node(lease.state_node), -1)
+            for nid in lease.anchor_nodes:
+                self.tree.lock_anchors(self._node(nid), -1)
+
+    def _node(self, node_id: int) -> Node:
+        node = self.tree.node(node_id)
+        if node is None:
+            raise KeyError(f"node {node_id} is gone while locked (bookkeeping bug)")
+        return node
+
+    # ------------------------------------------------------------------ load
+    def load(self, plan: LoadPlan) -> LoadResult:
+        """Read the plan's payloads. A missing or unreadable object shortens the hit to the
+        last fully loaded prefix that still satisfies the hit rule (often 0); the failed
+        refs are reported so the engine recomputes. Never raises for store failures."""
+        if not plan.hit:
+            return LoadResult(0, True)
+        refs = [o.ref for o in plan.objects]
+        payloads = self.store.get([r.key for r in refs])
+        failed = tuple(r for r, t in zip(refs, payloads, strict=True) if t is None)
+        if failed:
+            with self._lock:
+                self.stats.load_failures += 1
+            log.warning("load of %d/%d objects failed; recomputing", len(failed), len(refs))
+            return LoadResult(0, True, failed=failed)
+        n_kv = len(plan.kv)
+        kv = tuple(t for t in payloads[:n_kv] if t is not None)
+        state = payloads[n_kv] if plan.state is not None else None
+        anchors = tuple(t for t in payloads[n_kv + (1 if plan.state else 0):] if t is not None)
+        return LoadResult(plan.num_tokens, plan.exact, kv, state, anchors)
+
+    # ------------------------------------------------------------------ save
+    def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem]) -> SaveResult:
+        """Store objects produced for ``tokens`` (which must cover every item's end).
+
+        Inserts ``tokens`` into the index, splits where a checkpoint needs a node boundary,
+        evicts by policy to make room and skips objects already present. Rejected items
+        (no room, store failure, outside ``tokens``) are counted, never raised; the cache is
+        unchanged for them. Raises ValueError only for malformed items (see ``SaveItem``).
+        """
+        arr = as_tokens(tokens)
+        todo = sorted(items, key=lambda it: (it.end, it.kind.value))
+        if not todo:
+            return SaveResult(0, 0, 0)
+        hasher = PrefixHasher(arr, self.config.hash_block_size)
+        stored = present = rejected = 0
+        evicted = 0
+        with self._lock:
+            top = max(it.end for it in todo if it.end <= arr.size) if any(
+                it.end <= arr.size for it in todo) else 0
+            leaf = self.tree.insert(arr[:top])
+            self.tree.lock_kv(leaf)  # keep the path alive while we evict for room
+            try:
+                for it in todo:
+                    if it.end > arr.size or (it.kind is ObjectKind.STATE and it.end == 0):
+                        rejected += 1
+                        self.stats.rejected[it.kind.value] += 1
+                        continue
+                    key = ObjectKey(self.fingerprint, hasher.at(it.end), it.kind, it.start, it.end)
+                    if key in self._where:
+                        present += 1
+                        continue
+                    ok, freed = self._store_one(arr, key, it.payload)
+                    evicted += freed
+                    if ok:
+                        stored += 1
+                        self.stats.stored[it.kind.value] += 1
+                    else:
+                        rejected += 1
+                        self.stats.rejected[it.kind.value] += 1
+                self._clock += 1
+                self.eviction.on_access(self.tree.path_to(leaf), self._clock)
+            finally:
+                self.tree.lock_kv(leaf, -1)
+        return SaveResult(stored, present, rejected, evicted)
+
+    def _store_one(self, arr: np.ndarray, key: ObjectKey, payload: torch.Tensor) -> tuple[bool, int]:
+        nbytes = payload.numel() * payload.element_size()
+        kind = key.kind
+        if nbytes > self.store.capacity(kind):
+            return False, 0
+        freed = 0
+        while self.store.used(kind) + nbytes > self.store.capacity(kind):
+            got = self._evict_one(kind)
+            if got == 0:
+                return False, freed
+            freed += got
+        if kind is ObjectKind.STATE:
+            node = self.tree.node_at(arr, key.end)
+            if node.depth != key.end:
+                node = self.tree.split(node, key.end)
+        else:
+            node = self.tree.node_at(arr, key.end)
+        if not self.store.put([(key, payload)])[0]:
+            return False, freed
+        ref = ObjectRef(key, nbytes)
+        if kind is ObjectKind.STATE:
+            self.tree.set_state(node, ref)
+        elif kind is ObjectKind.KV:
+            self.tree.add_kv(node, ref)
+        else:
+            self.tree.add_anchor(node, ref)
+        self._where[key] = node.id
+        self.eviction.on_change(node)
+        return True, freed
+
+    def finish(
+        self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = ()
+    ) -> SaveResult:
+        """End of a request: save its last objects (the final checkpoint only if admission
+        keeps it) and release KV on this path that can no longer produce a hit."""
+        arr = as_tokens(tokens)
+        keep = [
+            it for it in items
+            if it.kind is not ObjectKind.STATE or it.end != arr.size
+            or self.admission.admit_final(int(arr.size))
+        ]
+        result = self.save(arr, keep)
+        with self._lock:
+            m = self.tree.match(arr)
+            self._prune_upward(m.node)
+        return result
+
+    # -------------------------------------------------------------- eviction
+    def _useful_anchors(self, node: Node) -> bool:
+        return self.config.replay and bool(node.anchors)
+
+    def _evictable(self, node: Node, kind: ObjectKind) -> bool:
+        """May the cache take ``kind`` from ``node`` now? (policies call this)"""
+        if node is self.tree.root:
+            return False
+        if kind is ObjectKind.KV:
+            return node.is_leaf and not (node.kv_lock or node.state_lock or node.anchor_lock)
+        if kind is ObjectKind.STATE:
+            return node.state is not None and not node.state_lock
+        return bool(node.anchors) and not node.anchor_lock
+
+    def _evict_one(self, kind: ObjectKind) -> int:
+        """Evict one victim's objects of ``kind``; return the bytes freed (0: none)."""
+        node = self.eviction.next_victim(kind)
+        if node is None or not self._evictable(node, kind):
+            return 0
+        before = self.store.used(kind)
+        if kind is ObjectKind.KV:
+            parent = node.parent
+            self._forget(self._remove_leaf(node))
+            if parent is not None:
+                self._prune_upward(parent)
+        elif kind is ObjectKind.STATE:
+            ref = self.tree.drop_state(node)
+            self._forget([ref] if ref else [])
+            self._after_state_loss(node)
+        else:
+            refs = list(node.anchors.values())
+            for r in refs:
+                self.tree.drop_ref(node, r)
+            self._forget(refs)
+            self._prune_upward(node)
+        freed = max(0, before - self.store.used(kind))
+        self.stats.evicted[kind.value] += freed
+        return freed
+
+    def _remove_leaf(self, node: Node) -> list[ObjectRef]:
+        nid = node.id
+        refs = self.tree.remove_leaf(node)
+        self.eviction.on_remove(nid)
+        return refs
+
+    def _after_state_loss(self, node: Node) -> None:
+        """A node lost its state: release it if dead, fold it if it is a pass-through."""
+        if node.is_leaf:
+            self._prune_upward(node)
+        elif (len(node.children) == 1 and node.state is None and not node.kv_lock_own
+              and not node.anchor_lock and not node.state_lock and node.parent is not None):
+            nid = node.id
+            child = self.tree.merge_into_child(node)
+            self.eviction.on_remove(nid)
+            self.eviction.on_change(child)
+
+    def _prune_upward(self, node: Node) -> None:
+        """Release leaves whose KV can no longer produce a hit (no state, no usable
+        anchors, unlocked), walking up while that holds."""
+        if not self.needs_state:
+            return
+        cur: Node | None = node
+        while (cur is not None and cur is not self.tree.root and cur.is_leaf
+               and cur.state is None and not self._useful_anchors(cur)
+               and not (cur.kv_lock or cur.state_lock or cur.anchor_lock)):
+            parent = cur.parent
+            self._forget(self._remove_leaf(cur))
+            cur = parent
+
+    def _forget(self, refs: Sequence[ObjectRef]) -> None:
+        for r in refs:
+            self._where.pop(r.key, None)
+        self.store.remove([r.key for r in refs])
+
+    def _on_move(self, node: Node, refs: Iterable[ObjectRef]) -> None:
+        for r in refs:
+            self._where[r.key] = node.id
+
+    # ------------------------------------------------------- store callbacks
+    def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:
+        """The store dropped objects on its own: forget them so no plan promises them."""
+        with self._lock:
+            for key in keys:
+                nid = self._where.pop(key, None)
+                node = self.tree.node(nid) if nid is not None else None
+                if node is None:
+                    continue
+                for ref in (node.state, node.kv.get(key.end), node.anchors.get(key.end)):
+                    if ref is not None and ref.key == key:
+                        self.tree.drop_ref(node, ref)
+                        if key.kind is ObjectKind.STATE:
+                            self._after_state_loss(node)
+                        break
+
+    def _merits_demotion(self, key: ObjectKey) -> bool:
+        nid = self._where.get(key)
+        node = self.tree.node(nid) if nid is not None else None
+        return node is not None and self.eviction.merits_demotion(node, key.kind)
+
+    # ------------------------------------------------------------- integrity
+    def check_integrity(self) -> None:
+        """Tree invariants plus: every ref is indexed in ``_where`` at its node, and locks
+        only exist where objects do. Raises ``IntegrityError``."""
+        from hybrid_connector.radix import IntegrityError
+
+        with self._lock:
+            self.tree.check_integrity()
+            seen = 0
+            for node in self.tree.nodes():
+                refs = [*node.kv.values(), *node.anchors.values()]
+                if node.state is not None:
+                    refs.append(node.state)
+                for r in refs:
+                    seen += 1
+                    if self._where.get(r.key) != node.id:
+                        raise IntegrityError(f"{r.key} not indexed at node {node.id}")
+                    if r.key.fingerprint != self.fingerprint:
+                        raise IntegrityError(f"{r.key} has a foreign fingerprint")
+            if seen != len(self._where):
+                raise IntegrityError(f"{len(self._where) - seen} indexed keys are not in the tree")
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,105 @@
+"""Immutable values the ``HybridCache`` hands to engines: load plans, save items, results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.radix import ObjectRef
+
+SLOW_TIERS = frozenset({"disk", "remote"})
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedObject:
+    """One object to load: its ref and the tier that held it when the plan was made."""
+
+    ref: ObjectRef
+    tier: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPlan:
+    """What to load for a prompt; built by ``HybridCache.lookup`` without side effects.
+
+    ``num_tokens`` is the usable hit length p (0 on a miss): KV for every attention layer
+    over ``[0, p)`` (``kv`` chunks in order; the last may extend past p) and the recurrent
+    state at exactly p: ``state`` (exact) or ``anchors`` to replay (``exact`` is False,
+    ``replay_from`` is where replay starts). Always ``p < len(prompt)`` and a multiple of
+    the alignment. ``kv_tokens`` is how far attention KV alone reaches (per-group hit for
+    engines that can use a deeper attention hit), ``matched_tokens`` the raw radix match.
+    ``is_async`` is True when some object sits in a slow tier (disk, remote).
+    """
+
+    num_tokens: int
+    exact: bool
+    kv: tuple[PlannedObject, ...] = ()
+    state: PlannedObject | None = None
+    anchors: tuple[PlannedObject, ...] = ()
+    replay_from: int = 0
+    kv_tokens: int = 0
+    matched_tokens: int = 0
+    prompt_tokens: int = 0
+    node_id: int = 0
+    is_async: bool = False
+
+    @property
+    def hit(self) -> bool:
+        return self.num_tokens > 0
+
+    @property
+    def objects(self) -> tuple[PlannedObject, ...]:
+        return (*self.kv, *((self.state,) if self.state else ()), *self.anchors)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(o.ref.nbytes for o in self.objects)
+
+
+MISS = LoadPlan(num_tokens=0, exact=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SaveItem:
+    """One object an engine hands over: KV chunk ``[start, end)``, state at ``end`` (with
+    ``start == end``) or an anchor block for the page ``[start, end)``."""
+
+    kind: ObjectKind
+    start: int
+    end: int
+    payload: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if self.kind is ObjectKind.STATE and self.start != self.end:
+            raise ValueError(f"a state item has start == end, got [{self.start}, {self.end})")
+        if self.kind is not ObjectKind.STATE and not 0 <= self.start < self.end:
+            raise ValueError(f"bad {self.kind.value} range [{self.start}, {self.end})")
+        if not isinstance(self.payload, torch.Tensor) or self.payload.numel() == 0:
+            raise ValueError("payload must be a non-empty tensor")
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    """Outcome of ``HybridCache.save``: how many items were stored, already present or
+    rejected (no room after eviction, store failure, or outside the saved tokens)."""
+
+    stored: int
+    present: int
+    rejected: int
+    evicted_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """Payloads for a plan. ``num_tokens`` may be below the plan's when an object could not
+    be read (the engine recomputes from there); ``kv`` holds one tensor per planned chunk
+    that was read, in order, ``state``/``anchors`` are set only when the hit survived."""
+
+    num_tokens: int
+    exact: bool
+    kv: tuple[torch.Tensor, ...] = ()
+    state: torch.Tensor | None = None
+    anchors: tuple[torch.Tensor, ...] = ()
+    failed: tuple[ObjectRef, ...] = field(default_factory=tuple)

@@ -1,0 +1,1 @@
+"""Admission, eviction, alpha tuning, sparse placement and anchor retention policies."""

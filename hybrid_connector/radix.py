@@ -392,11 +392,12 @@ class RadixTree:
             if self._nodes.get(n.id) is not n:
                 fail(f"{n} not registered under its id")
             if n is not self.root:
-                if n.parent is None or n.parent.children.get(int(n.tokens[0])) is not n:
-                    fail(f"{n} not reachable from its parent by its first token")
+                parent = n.parent
                 if n.tokens.size == 0:
                     fail(f"{n} has an empty edge")
-                elif n.depth != n.parent.depth + n.tokens.size:
+                if parent is None or parent.children.get(int(n.tokens[0])) is not n:
+                    raise IntegrityError(f"{n} not reachable from its parent by its first token")
+                if n.depth != parent.depth + n.tokens.size:
                     fail(f"{n} depth mismatch")
             for slot, kind in ((n.kv, ObjectKind.KV), (n.anchors, ObjectKind.ANCHOR)):
                 for end, ref in slot.items():

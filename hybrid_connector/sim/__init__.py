@@ -1,0 +1,1 @@
+"""Trace formats, generators, baselines and the policy simulator."""

@@ -1,0 +1,86 @@
+"""Input validation shared by every kernel wrapper.
+
+Both backends (CUDA and torch) run the same checks first, so a bad call fails the
+same way everywhere with a ``ValueError`` naming the argument, and nothing is
+written before the checks pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+IndexLike = Sequence[int] | torch.Tensor
+
+#: dtypes that can hold model activations, KV and recurrent state.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def index_tensor(
+    ids: IndexLike,
+    name: str,
+    *,
+    upper: int,
+    device: torch.device,
+    unique: bool,
+) -> torch.Tensor:
+    """Validate an index list and return it as a 1-D int64 tensor on ``device``.
+
+    Accepts a sequence of ints or an integer tensor (any device; a CUDA tensor is
+    copied to the host for the checks, which synchronises: pass host indices on
+    hot paths). Raises ``ValueError`` when an index is outside ``[0, upper)``, the
+    tensor is not 1-D or not integral, or ``unique`` and an index repeats (a
+    scatter with repeated targets has no defined result on a GPU).
+    """
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+        if ids.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
+        host = ids.detach().to("cpu", torch.int64)
+    else:
+        try:
+            host = torch.as_tensor(list(ids), dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"{name} must be a sequence of ints: {exc}") from None
+        if host.dim() != 1:
+            raise ValueError(f"{name} must be a flat sequence of ints")
+    if host.numel():
+        lo, hi = int(host.min()), int(host.max())
+        if lo < 0 or hi >= upper:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} holds {bad}, outside the valid range [0, {upper})")
+        if unique and torch.unique(host).numel() != host.numel():
+            raise ValueError(f"{name} holds repeated indices; each target must appear once")
+    return host.to(device)
+
+
+def require_float(t: torch.Tensor, name: str) -> None:
+    """Raise ``ValueError`` unless ``t`` has one of ``FLOAT_DTYPES``."""
+    if t.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
+
+
+def require_same_device(*named: tuple[str, torch.Tensor]) -> None:
+    """Raise ``ValueError`` if the tensors do not all live on one device."""
+    first_name, first = named[0]
+    for name, t in named[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}")
+
+
+def require_inner_contiguous(t: torch.Tensor, name: str, dims: int) -> None:
+    """Raise ``ValueError`` unless the last ``dims`` dimensions of ``t`` are packed.
+
+    The kernels move whole rows (or whole pages) as byte ranges, so the trailing
+    dimensions must be laid out densely; the leading ones may have any stride.
+    """
+    expected = 1
+    for size, stride in zip(reversed(t.shape[-dims:]), reversed(t.stride()[-dims:]), strict=True):
+        if size != 1 and stride != expected:
+            raise ValueError(
+                f"{name} must be dense in its last {dims} dim(s); shape {tuple(t.shape)} "
+                f"has strides {t.stride()}"
+            )
+        expected *= size

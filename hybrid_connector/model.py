@@ -380,7 +380,8 @@ def mlp_layer_flops(m: MLPDims, d: int, num_tokens: int) -> float:
 
 def moe_layer_flops(m: MoEDims, d: int, num_tokens: int) -> float:
     """MoE FFN: ``6*L*D*(top_k*I_moe + I_shared)`` (4 instead of 6 when ungated) plus the
-    router ``2*L*D*E``. Expert-selection and scatter overheads are not counted."""
+    router ``2*L*D*E``. Not counted: expert selection and scatter, and Qwen3-Next's scalar
+    shared-expert gate (``2*L*D``, under 0.1% of the layer)."""
     per = 6 if m.gated else 4
     experts = per * num_tokens * d * (m.top_k * m.expert_intermediate_size + m.shared_intermediate_size)
     router = 2 * num_tokens * d * m.num_experts
@@ -840,7 +841,7 @@ class ModelGeometry:
         tp_size: int = 1,
     ) -> ModelGeometry:
         """Build from a transformers config object (Qwen3.5 text or multimodal wrapper,
-        Qwen3.5-MoE, Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid).
+        Qwen3.5-MoE, Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2).
         ``dtype`` defaults to the config's ``dtype`` (else bfloat16); ``state_dtype`` to the
         config's mamba SSM cache dtype where it has one (else float32). Raises ValueError for
         an unsupported ``model_type``."""
@@ -951,6 +952,19 @@ def _hf_mamba2(cfg: Any, d_inner: int) -> Mamba2Dims:
     if not isinstance(head_dim, int):  # "auto"
         head_dim = d_inner // heads
     return Mamba2Dims(heads, int(head_dim), int(cfg.mamba_d_state), int(cfg.mamba_n_groups), int(cfg.mamba_d_conv))
+
+
+def _lfm2_ffn_dim(cfg: Any) -> int:
+    """LFM2's effective SwiGLU width (mirrors ``Lfm2MLP``: 2/3 scaling, multiplier, rounding)."""
+    size = int(cfg.intermediate_size)
+    if getattr(cfg, "block_auto_adjust_ff_dim", False):
+        size = int(2 * size / 3)
+        mult = getattr(cfg, "block_ffn_dim_multiplier", None)
+        if mult is not None:
+            size = int(mult * size)
+            m = int(cfg.block_multiple_of)
+            size = m * ((size + m - 1) // m)
+    return size
 
 
 def _layer_kind(name: str, arch: str, i: int) -> MixerKind:
@@ -1085,11 +1099,21 @@ def _geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
             mixer = MixerKind.ATTENTION if t == "attention" else MixerKind.MAMBA1
             layers.append(LayerSpec(i, mixer, FFNKind.MOE if experts[i] > 1 else FFNKind.MLP))
 
+    elif mt == "lfm2":
+        kw["attention"] = _hf_attention(cfg)
+        kw["short_conv"] = ShortConvDims(int(cfg.conv_L_cache))
+        kw["mlp"] = MLPDims(_lfm2_ffn_dim(cfg))
+        for i, t in enumerate(cfg.layer_types):
+            if t not in ("full_attention", "conv"):
+                raise ValueError(f"{mt}: layer {i} has unsupported layer type {t!r}")
+            mixer = MixerKind.ATTENTION if t == "full_attention" else MixerKind.SHORT_CONV
+            layers.append(LayerSpec(i, mixer, FFNKind.MLP))
+
     else:
         raise ValueError(
             f"unsupported architecture {mt!r} for ModelGeometry.from_hf_config; supported: "
             "qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next, nemotron_h, "
-            "bamba, jamba, falcon_h1, granitemoehybrid"
+            "bamba, jamba, falcon_h1, granitemoehybrid, lfm2"
         )
     kw["layers"] = tuple(layers)
     return kw

@@ -12,6 +12,7 @@ exactness tests: ``AutoModelForCausalLM.from_config(tiny_hf_config(arch))`` buil
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hybrid_connector.model import (
@@ -27,7 +28,15 @@ from hybrid_connector.model import (
     MoEDims,
 )
 
-__all__ = ["PRESETS", "TINY_ARCHS", "get_preset", "marconi_ref_params", "tiny_hf_config"]
+__all__ = [
+    "EXTRA_TINY_ARCHS",
+    "PRESETS",
+    "TINY_ARCHS",
+    "get_preset",
+    "load_geometry",
+    "marconi_ref_params",
+    "tiny_hf_config",
+]
 
 _A, _G, _M2, _M1, _N = (
     MixerKind.ATTENTION,
@@ -227,6 +236,19 @@ def get_preset(name: str, *, tp_size: int = 1) -> ModelGeometry:
     return geom
 
 
+def load_geometry(spec: str, *, tp_size: int | None = None) -> ModelGeometry:
+    """Resolve a config's ``model`` value: a path to a geometry YAML (``.yaml``/``.yml`` or an
+    existing file) or a preset name. ``tp_size`` overrides the loaded value when given."""
+    p = Path(spec).expanduser()
+    if spec.endswith((".yaml", ".yml")) or p.is_file():
+        geom = ModelGeometry.from_yaml(p)
+    else:
+        geom = get_preset(spec)
+    if tp_size is not None and tp_size != geom.tp_size:
+        geom = ModelGeometry.from_dict({**geom.to_dict(), "tp_size": tp_size}, source=spec)
+    return geom
+
+
 def marconi_ref_params(geom: ModelGeometry) -> dict[str, int]:
     """The scalars the reference simulator's formulas take (``ref_*`` in model.py): D, N (the
     recurrent state size, Mamba d_state or GDN head_k_dim), and the layer counts n_attn, n_ssm,
@@ -261,6 +283,10 @@ TINY_ARCHS: tuple[str, ...] = (
     "falcon_h1",
     "granitemoehybrid",
 )
+
+# Also buildable, but not in TINY_ARCHS (which the hf integration tests iterate over):
+# LFM2 (gated short conv + attention).
+EXTRA_TINY_ARCHS: tuple[str, ...] = ("lfm2",)
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 128,
@@ -386,7 +412,17 @@ def _tiny_kwargs(arch: str) -> tuple[str, dict[str, Any]]:
             "num_local_experts": 4,
             "num_experts_per_tok": 2,
         }
-    raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(TINY_ARCHS)}")
+    if arch == "lfm2":
+        return "Lfm2Config", {
+            **_COMMON,
+            "intermediate_size": 192,  # auto-adjusted by LFM2 to 2/3 -> 128 (multiple of 64)
+            "block_multiple_of": 64,
+            "num_hidden_layers": 4,
+            "layer_types": ["conv", "conv", "full_attention", "conv"],
+            "conv_L_cache": 3,
+        }
+    known = ", ".join(TINY_ARCHS + EXTRA_TINY_ARCHS)
+    raise ValueError(f"unknown tiny architecture {arch!r}; known: {known}")
 
 
 def tiny_hf_config(arch: str, **overrides: Any) -> Any:

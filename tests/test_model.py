@@ -36,9 +36,11 @@ from hybrid_connector.model import (
     ref_state_bytes,
 )
 from hybrid_connector.model_presets import (
+    EXTRA_TINY_ARCHS,
     PRESETS,
     TINY_ARCHS,
     get_preset,
+    load_geometry,
     marconi_ref_params,
     tiny_hf_config,
 )
@@ -478,7 +480,7 @@ def _run_tiny(arch: str) -> tuple[Any, Any, dict[str, float]]:
     return _RUNS[arch]
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", TINY_ARCHS + EXTRA_TINY_ARCHS)
 def test_tiny_model_cache_matches_geometry(arch: str) -> None:
     cfg, pkv, _ = _run_tiny(arch)
     g = ModelGeometry.from_hf_config(cfg)
@@ -528,6 +530,8 @@ _SWIGLU_128 = 6 * _L * _D * 128
         ("falcon_h1", "model.layers.1.self_attn", _ATTN_PROJ),
         ("granitemoehybrid", "model.layers.1.shared_mlp", 6 * _L * _D * 64),
         ("granitemoehybrid", "model.layers.1.block_sparse_moe", 2 * _L * _D * 4),
+        ("lfm2", "model.layers.0.conv", 2 * _L * _D * 3 * _D + 2 * _L * _D * _D),
+        ("lfm2", "model.layers.0.feed_forward", _SWIGLU_128),
     ],
 )
 def test_tiny_projection_flops_match_real_modules(arch: str, module: str, expected: int) -> None:
@@ -549,6 +553,19 @@ def test_tiny_flops_formulas_use_those_projections() -> None:
     assert j.flops_saved(_L).mamba1 == 3 * (_MAMBA1_PROJ + 2 * _L * 128 * 4 + 7 * _L * 128 * 8)
     fh = ModelGeometry.from_hf_config(tiny_hf_config("falcon_h1"))
     assert fh.flops_saved(_L).attention == 4 * (_ATTN_PROJ + 4 * 4 * 16 * causal(_L, 0))
+
+
+def test_load_geometry(tmp_path: Path) -> None:
+    import yaml
+
+    assert load_geometry("Qwen3.5-4B") == get_preset("qwen3.5-4b")
+    assert load_geometry("Qwen/Qwen3.5-4B", tp_size=2).tp_size == 2
+    p = tmp_path / "geo.yml"
+    p.write_text(yaml.safe_dump(get_preset("bamba-9b").to_dict()))
+    assert load_geometry(str(p)) == get_preset("bamba-9b")
+    with pytest.raises(ValueError, match="missing.yaml"):
+        load_geometry(str(tmp_path / "missing.yaml"))
+    assert len({get_preset(n) for n in PRESETS}) == len(PRESETS)  # hashable, distinct
 
 
 def test_qwen3_5_multimodal_wrapper() -> None:

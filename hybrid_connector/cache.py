@@ -147,21 +147,23 @@ class HybridCache:
             return self._plan(arr, chain, best_p, best_node.state, [], reach, m.length, best_node)
 
     def _kv_chain(self, nodes: Sequence[Node], matched: int) -> tuple[list[ObjectRef], int]:
-        """KV chunks covering ``[0, reach)`` contiguously from 0, along the matched path."""
+        """KV chunks covering ``[0, reach)`` contiguously from 0, along the matched path.
+
+        A chunk that runs past the match still serves its matched part: KV at position i
+        depends only on tokens ``[0, i]``. So ``reach`` is capped at ``matched``.
+        """
         by_start: dict[int, ObjectRef] = {}
         for node in nodes:
             for end, ref in node.kv.items():
-                if end <= matched and (ref.start not in by_start
-                                       or by_start[ref.start].end < end):
+                if ref.start < matched and (ref.start not in by_start
+                                            or by_start[ref.start].end < end):
                     by_start[ref.start] = ref
         chain, reach = [], 0
-        while reach in by_start:
+        while reach < matched and reach in by_start:
             ref = by_start[reach]
             chain.append(ref)
-            if ref.end <= reach:
-                break
             reach = ref.end
-        return chain, reach
+        return chain, min(reach, matched)
 
     def _replay_candidate(
         self, nodes: Sequence[Node], limit: int, align: int, exact_p: int
@@ -234,6 +236,12 @@ class HybridCache:
             _, reach = self._kv_chain(nodes, m.length)
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), m.branch_point, kv_from)
+
+    def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int:
+        """Where the end-of-request checkpoint must be taken to be usable: the last
+        aligned position at or before ``num_tokens`` (an unaligned state can never hit)."""
+        align = alignment or self.config.alignment
+        return num_tokens - num_tokens % align
 
     # ----------------------------------------------------------------- locks
     def acquire(self, plan: LoadPlan) -> Lease | None:
@@ -388,9 +396,10 @@ class HybridCache:
         """End of a request: save its last objects (the final checkpoint only if admission
         keeps it) and release KV on this path that can no longer produce a hit."""
         arr = as_tokens(tokens)
+        final = self.final_checkpoint(int(arr.size))
         keep = [
             it for it in items
-            if it.kind is not ObjectKind.STATE or it.end != arr.size
+            if it.kind is not ObjectKind.STATE or it.end != final
             or self.admission.admit_final(int(arr.size))
         ]
         result = self.save(arr, keep)

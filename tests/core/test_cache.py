@@ -1,0 +1,204 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from hybrid_connector.cache import HybridCache
+from hybrid_connector.config import load_config
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.model_presets import get_preset
+from hybrid_connector.plan import SaveItem
+from tiers.memory import MemoryStore
+
+GEO = get_preset("qwen3.5-0.8b")
+CHUNK = 8
+ALIGN = 4
+
+
+def payload(tokens, kind, start, end):
+    """Unique bytes per (prefix, kind, start): a load returning them proves the prefix."""
+    seed = hash((tuple(int(t) for t in tokens[:end]), kind.value, start)) & 0x7FFFFFFF
+    return torch.randint(0, 255, (16,), generator=torch.Generator().manual_seed(seed),
+                         dtype=torch.uint8)
+
+
+def make_cache(kv=10**6, state=10**6, anchor=10**6, **over):
+    cfg = load_config(overrides={"chunk_size": CHUNK, "hash_block_size": 4, "alignment": ALIGN,
+                                 **over}, environ={})
+    store = MemoryStore({ObjectKind.KV: kv, ObjectKind.STATE: state, ObjectKind.ANCHOR: anchor})
+    return HybridCache(cfg, GEO, store)
+
+
+def save_seq(cache, toks, states, kv_upto=None):
+    toks = np.asarray(toks)
+    upto = len(toks) if kv_upto is None else kv_upto
+    items = [SaveItem(ObjectKind.KV, s, min(s + CHUNK, upto),
+                      payload(toks, ObjectKind.KV, s, min(s + CHUNK, upto)))
+             for s in range(0, upto, CHUNK)]
+    items += [SaveItem(ObjectKind.STATE, p, p, payload(toks, ObjectKind.STATE, p, p)) for p in states]
+    return cache.save(toks, items)
+
+
+def test_hit_rule_examples():
+    c = make_cache()
+    seq = np.arange(40)
+    save_seq(c, seq, states=[12, 21, 40])
+    assert c.lookup(np.arange(100)).num_tokens == 40
+    assert c.lookup(seq).num_tokens == 12          # 40 is the whole prompt, 21 unaligned
+    assert c.lookup(seq[:13]).num_tokens == 12
+    assert c.lookup(seq[:12]).num_tokens == 0      # never the full prompt
+    assert c.lookup(np.r_[seq[:30], [999] * 5]).num_tokens == 12
+    assert c.lookup([5, 6, 7]).num_tokens == 0
+    # KV missing in the middle: no hit beyond the gap, even with a deeper state
+    c2 = make_cache()
+    save_seq(c2, seq, states=[12, 40])
+    key = [o for o in c2.lookup(np.arange(100)).kv if o.ref.start == 8][0].ref.key
+    c2.store.remove([key])
+    c2._on_store_drop([key])
+    assert c2.lookup(np.arange(100)).num_tokens == 0
+    c2.check_integrity()
+
+
+def test_lookup_has_no_side_effects():
+    c = make_cache()
+    save_seq(c, np.arange(40), states=[16, 40])
+    before = (len(c.tree), dict(c.tree.bytes), c.stats.lookups, c.tree.num_states)
+    for q in (np.arange(50), np.r_[np.arange(20), [7, 7]], [1, 2, 3]):
+        c.lookup(q)
+        c.plan_saves(q)
+    assert before == (len(c.tree), dict(c.tree.bytes), c.stats.lookups, c.tree.num_states)
+
+
+def test_plan_saves_speculative_branch_point():
+    c = make_cache()
+    save_seq(c, np.arange(40), states=[40])
+    sp = c.plan_saves(np.r_[np.arange(22), [500, 501, 502]])
+    assert sp.branch_point == 22 and sp.state_positions == (20,)
+    assert sp.kv_from == 16
+    assert c.plan_saves(np.arange(60)).state_positions == ()
+
+
+def test_load_roundtrip_and_locked_objects_survive_eviction():
+    c = make_cache(state=2 * 16)  # room for two checkpoints
+    a = np.arange(40)
+    save_seq(c, a, states=[40])
+    plan = c.lookup(np.arange(50))
+    lease = c.acquire(plan)
+    res = c.load(plan)
+    assert res.num_tokens == 40 and torch.equal(res.state, payload(a, ObjectKind.STATE, 40, 40))
+    for other in range(3):
+        save_seq(c, np.arange(100, 140) + 100 * other, states=[40])
+    assert c.lookup(np.arange(50)).num_tokens == 40  # pinned by the lease
+    c.release(lease)
+    save_seq(c, np.arange(1000, 1040), states=[40])
+    c.check_integrity()
+    assert c.store.used(ObjectKind.STATE) <= 32
+
+
+def test_stale_plan_is_refused():
+    c = make_cache(state=16)
+    save_seq(c, np.arange(40), states=[40])
+    plan = c.lookup(np.arange(50))
+    save_seq(c, np.arange(100, 140), states=[40])  # evicts the only checkpoint
+    assert c.acquire(plan) is None
+    assert c.lookup(np.arange(50)).num_tokens == 0
+
+
+def test_save_rejects_out_of_range_and_bad_items():
+    c = make_cache()
+    r = c.save(np.arange(10), [SaveItem(ObjectKind.STATE, 20, 20, torch.ones(2))])
+    assert r.rejected == 1 and r.stored == 0
+    with pytest.raises(ValueError):
+        SaveItem(ObjectKind.STATE, 3, 4, torch.ones(2))
+    with pytest.raises(ValueError):
+        SaveItem(ObjectKind.KV, 4, 4, torch.ones(2))
+    with pytest.raises(ValueError):
+        SaveItem(ObjectKind.KV, 0, 4, torch.ones(0))
+
+
+def test_finish_releases_dead_kv():
+    c = make_cache(admission="last_token")
+    seq = np.arange(30)
+    c.finish(seq, [SaveItem(ObjectKind.KV, 0, 8, payload(seq, ObjectKind.KV, 0, 8))])
+    assert len(c.tree) == 0 and c.store.used(ObjectKind.KV) == 0
+    c.check_integrity()
+
+
+alphabet = st.lists(st.integers(0, 2), min_size=1, max_size=30)
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """Random saves, lookups, leases and evictions under tight budgets."""
+
+    @initialize(kv=st.integers(16, 400), state=st.integers(16, 100), replay=st.booleans())
+    def setup(self, kv, state, replay):
+        over = {"replay": True, "anchor_page_size": 4} if replay else {}
+        self.c = make_cache(kv=kv, state=state, anchor=64, **over)
+        self.leases = []
+
+    @rule(seq=alphabet, data=st.data())
+    def save(self, seq, data):
+        toks = np.asarray(seq)
+        states = data.draw(st.lists(st.integers(1, len(seq)), max_size=3))
+        save_seq(self.c, toks, states, kv_upto=data.draw(st.integers(0, len(seq))))
+        if self.c.config.replay and data.draw(st.booleans()):
+            pages = [SaveItem(ObjectKind.ANCHOR, e - 4, e, payload(toks, ObjectKind.ANCHOR, e - 4, e))
+                     for e in range(4, len(seq) + 1, 4)]
+            self.c.save(toks, pages)
+
+    @rule(seq=alphabet)
+    def finish(self, seq):
+        toks = np.asarray(seq)
+        end = self.c.final_checkpoint(len(seq))
+        items = [SaveItem(ObjectKind.STATE, end, end, payload(toks, ObjectKind.STATE, end, end))] if end else []
+        self.c.finish(toks, items)
+
+    @rule(seq=alphabet, hold=st.booleans())
+    def lookup(self, seq, hold):
+        q = np.asarray(seq)
+        plan = self.c.lookup(q)
+        p = plan.num_tokens
+        assert p < len(q) and p % ALIGN == 0
+        if not p:
+            return
+        lease = self.c.acquire(plan)
+        assert lease is not None
+        res = self.c.load(plan)
+        assert res.num_tokens == p
+        # KV contiguous from 0 past p, every chunk the one saved for this exact prefix
+        pos = 0
+        for obj, data in zip(plan.kv, res.kv, strict=True):
+            assert obj.ref.start == pos
+            assert torch.equal(data, payload(q, ObjectKind.KV, obj.ref.start, obj.ref.end))
+            pos = obj.ref.end
+        assert pos >= p
+        if plan.exact:
+            assert torch.equal(res.state, payload(q, ObjectKind.STATE, p, p))
+        else:
+            assert self.c.config.replay and res.anchors and plan.anchors[-1].ref.end == p
+            for obj, data in zip(plan.anchors, res.anchors, strict=True):
+                assert torch.equal(data, payload(q, ObjectKind.ANCHOR, obj.ref.start, obj.ref.end))
+        if hold:
+            self.leases.append(lease)
+        else:
+            self.c.release(lease)
+
+    @rule()
+    def release_all(self):
+        for lease in self.leases:
+            self.c.release(lease)
+        self.leases = []
+
+    @invariant()
+    def consistent(self):
+        if hasattr(self, "c"):
+            self.c.check_integrity()
+            for k in ObjectKind:
+                assert self.c.store.used(k) <= self.c.store.capacity(k)
+                assert self.c.store.used(k) == self.c.tree.bytes[k]
+
+
+TestCacheMachine = CacheMachine.TestCase
+TestCacheMachine.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)

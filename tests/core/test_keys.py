@@ -1,0 +1,72 @@
+import subprocess
+import sys
+
+import blake3
+import numpy as np
+import pytest
+
+from hybrid_connector.keys import (
+    ROOT_HASH,
+    ObjectKey,
+    ObjectKind,
+    PrefixHasher,
+    chain_hashes,
+    model_fingerprint,
+    prefix_hash,
+)
+
+
+def test_chain_matches_hand_computation():
+    toks = list(range(40))
+    h1 = blake3.blake3(bytes(16) + np.arange(16, dtype="<i8").tobytes()).digest(16)
+    h2 = blake3.blake3(h1 + np.arange(16, 32, dtype="<i8").tobytes()).digest(16)
+    assert chain_hashes(toks, 16) == [h1, h2]
+
+
+def test_prefix_hash_consistent_with_chain_and_cut_independent():
+    toks = np.random.default_rng(0).integers(0, 50000, 100)
+    ph = PrefixHasher(toks, 16)
+    assert ph.at(0) == ROOT_HASH
+    assert ph.at(32) == chain_hashes(toks, 16)[1]
+    # a prefix hash depends only on the prefix, not on the rest of the sequence
+    assert ph.at(37) == PrefixHasher(toks[:37], 16).at(37) == prefix_hash(toks, 37, 16)
+    ends = [ph.at(e) for e in range(101)]
+    assert len(set(ends)) == 101
+    with pytest.raises(ValueError):
+        ph.at(101)
+
+
+def test_hash_stable_across_processes():
+    code = ("from hybrid_connector.keys import PrefixHasher;"
+            "print(PrefixHasher(list(range(1000)), 16).at(999).hex())")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={"PYTHONHASHSEED": str(i)}).stdout for i in (1, 2)}
+    assert outs == {PrefixHasher(list(range(1000)), 16).at(999).hex() + "\n"}
+
+
+def test_bad_tokens_rejected():
+    with pytest.raises(ValueError):
+        chain_hashes([[1, 2]], 16)
+    with pytest.raises(ValueError):
+        chain_hashes([1, -2], 16)
+    with pytest.raises(ValueError):
+        chain_hashes([1, 2], 0)
+
+
+def test_object_key_roundtrip_and_digest():
+    k = ObjectKey("abcd", b"\x01" * 16, ObjectKind.KV, 0, 256)
+    assert ObjectKey.from_str(k.to_str()) == k
+    other = ObjectKey("abcd", b"\x01" * 16, ObjectKind.KV, 128, 256)
+    assert k.digest() != other.digest()
+    with pytest.raises(ValueError):
+        ObjectKey.from_str("garbage")
+    with pytest.raises(ValueError):
+        ObjectKey("abcd", b"", ObjectKind.KV, 5, 4)
+
+
+def test_fingerprint_changes_with_any_field():
+    base = {"hidden": 64, "dtype": "bfloat16", "tp": 1}
+    fp = model_fingerprint(base)
+    assert model_fingerprint(dict(base)) == fp
+    for k, v in (("hidden", 65), ("dtype", "float16"), ("tp", 2)):
+        assert model_fingerprint({**base, k: v}) != fp

@@ -524,9 +524,9 @@ class ModelGeometry:
     state_dtype: str = "float32"
     tp_size: int = 1
     mamba1: Mamba1Dims | None = None
-    _flops_memo: dict[tuple[int, int], FlopBreakdown] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    # Memo for the derived figures (the dataclass is frozen, so they never go stale); policies
+    # query them per node on hot paths.
+    _memo: dict[object, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Accept plain strings for kinds (YAML, hand-written presets); store enums.
@@ -543,6 +543,23 @@ class ModelGeometry:
             raise ValueError(f"{self.name}: hidden_size and vocab_size must be positive")
         if self.tp_size < 1:
             raise ValueError(f"{self.name}: tp_size must be >= 1, got {self.tp_size}")
+        for key in _DIM_CLASSES:
+            dims = getattr(self, key)
+            if dims is None:
+                continue
+            for f in fields(dims):
+                v = getattr(dims, f.name)
+                if isinstance(v, bool):
+                    continue
+                floor = 0 if f.name == "shared_intermediate_size" else 1
+                if not isinstance(v, int) or v < floor:
+                    raise ValueError(f"{self.name}: {key}.{f.name} must be an integer >= {floor}, got {v!r}")
+        a = self.attention
+        if a is not None and a.num_heads % a.num_kv_heads:
+            raise ValueError(
+                f"{self.name}: attention num_heads {a.num_heads} is not a multiple of "
+                f"num_kv_heads {a.num_kv_heads}"
+            )
         for i, layer in enumerate(self.layers):
             if layer.index != i:
                 raise ValueError(f"{self.name}: layer at position {i} has index {layer.index}")
@@ -579,6 +596,9 @@ class ModelGeometry:
         needs attention over the prefix, so it is a group of its own: every Falcon-H1 layer is
         one group. Anchors store one hidden state per group per token.
         """
+        memo = self._memo.get("groups")
+        if memo is not None:
+            return memo
         groups: list[tuple[int, ...]] = []
         run: list[int] = []
         for layer in self.layers:
@@ -595,6 +615,7 @@ class ModelGeometry:
                 run.append(layer.index)
         if run:
             groups.append(tuple(run))
+        self._memo["groups"] = tuple(groups)
         return tuple(groups)
 
     # ---- per-rank layouts and bytes
@@ -630,7 +651,9 @@ class ModelGeometry:
     def kv_bytes_per_token(self) -> int:
         """K+V bytes of one token over all attention layers on one rank:
         ``2 * kv_heads_per_rank * head_dim * dtype_bytes`` per attention layer."""
-        return sum(t.nbytes for t in self.kv_layout(1))
+        if "kv_bytes" not in self._memo:
+            self._memo["kv_bytes"] = sum(t.nbytes for t in self.kv_layout(1))
+        return int(self._memo["kv_bytes"])
 
     def _mixer_state(self, layer: LayerSpec) -> tuple[TensorSpec, ...]:
         i, tp = layer.index, self.tp_size
@@ -691,7 +714,9 @@ class ModelGeometry:
 
     def state_bytes(self) -> int:
         """Bytes of one state checkpoint (all recurrent layers, conv + recurrent) on one rank."""
-        return sum(t.nbytes for t in self.state_layout())
+        if "state_bytes" not in self._memo:
+            self._memo["state_bytes"] = sum(t.nbytes for t in self.state_layout())
+        return int(self._memo["state_bytes"])
 
     def state_bytes_per_layer(self) -> dict[int, int]:
         """Checkpoint bytes split by recurrent layer index (per rank)."""
@@ -716,8 +741,8 @@ class ModelGeometry:
         ``*_layer_flops`` functions for exactly what each family counts."""
         if num_tokens < 0 or prefix_tokens < 0:
             raise ValueError(f"num_tokens and prefix_tokens must be >= 0, got {num_tokens}, {prefix_tokens}")
-        key = (num_tokens, prefix_tokens)
-        cached = self._flops_memo.get(key)
+        key = ("flops", num_tokens, prefix_tokens)
+        cached = self._memo.get(key)
         if cached is not None:
             return cached
         n, d = num_tokens, self.hidden_size
@@ -738,8 +763,8 @@ class ModelGeometry:
         if self.moe is not None:
             acc["moe"] = counts["moe"] * moe_layer_flops(self.moe, d, n)
         result = FlopBreakdown(**acc)
-        if len(self._flops_memo) < 4096:  # bounded memo: policies ask the same lengths repeatedly
-            self._flops_memo[key] = result
+        if len(self._memo) < 4096:  # bounded: policies ask the same lengths repeatedly
+            self._memo[key] = result
         return result
 
     def layer_counts(self) -> dict[str, int]:

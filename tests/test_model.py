@@ -300,6 +300,16 @@ def test_validation_errors() -> None:
         )  # fmt: skip
     with pytest.raises(ValueError, match="unknown dtype"):
         _geom("M", dtype="float7")
+    with pytest.raises(ValueError, match="not a multiple of num_kv_heads"):
+        ModelGeometry(
+            name="x", architecture="x", hidden_size=8, vocab_size=8,
+            layers=(LayerSpec(0, MixerKind.ATTENTION, FFNKind.NONE),), attention=AttentionDims(6, 4, 8),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"mamba2.d_state must be an integer >= 1"):
+        ModelGeometry(
+            name="x", architecture="x", hidden_size=8, vocab_size=8,
+            layers=(LayerSpec(0, MixerKind.MAMBA2, FFNKind.NONE),), mamba2=Mamba2Dims(2, 4, 0, 1, 4),
+        )  # fmt: skip
     with pytest.raises(ValueError, match="unknown model preset 'nope'.*qwen3.5-4b"):
         get_preset("nope")
     assert dtype_bytes("bf16") == 2 and dtype_bytes("torch.float32") == 4 and dtype_bytes("fp8") == 1

@@ -10,7 +10,8 @@ integrations must match byte for byte):
 
 * Conv state is stored as ``[channels, conv_kernel - 1]`` in ``dtype``: the last
   ``kernel - 1`` inputs are all a causal conv needs to continue. transformers' own cache keeps
-  the full kernel width; converting is the hf integration's concern, not this module's.
+  the full kernel width, and some vLLM backends keep the transpose ``[kernel - 1, channels]``;
+  converting is the engine integration's concern, not this module's (the bytes are equal).
 * Recurrent (SSM / delta-rule) state is stored in ``state_dtype`` (fp32 by default, as vLLM
   and SGLang do): Mamba2 ``[heads, head_dim, d_state]``, GDN ``[v_heads, head_k_dim,
   head_v_dim]``, Mamba1 ``[d_inner, d_state]``. Short conv has no recurrent state.

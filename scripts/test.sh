@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs, run the static checks, then the whole suite.
+# Extra arguments go to pytest (e.g. scripts/test.sh -k radix).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="[dev]" bash scripts/setup.sh
+PY=.venv/bin/python
+if [ -f scripts/install_servers.sh ]; then PYTHON=$PY bash scripts/install_servers.sh; fi
+if [ -f scripts/check_cuda.sh ] && command -v nvcc >/dev/null; then bash scripts/check_cuda.sh; fi
+$PY -m ruff check .
+$PY -m mypy
+$PY -m pytest -q -p no:cacheprovider "$@"

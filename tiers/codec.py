@@ -1,0 +1,176 @@
+"""Self-describing, checksummed serialisation of one keyed tensor (NVMe files, remote blobs).
+
+Layout::
+
+    prefix  "<4sBBHII": magic b"HCT1", version, flags, reserved, header length, crc32(header)
+    header  JSON: key (ObjectKey.to_str), kind, shape, dtype, nbytes (raw), stored (bytes
+            that follow), codec ("raw" | "zstd"), checksum (blake3-128 hex of the raw bytes)
+    body    ``stored`` bytes: the raw tensor bytes, or their zstd frame
+
+The checksum covers the raw bytes, so a bad decompression is caught as well as a torn or
+flipped body; the header CRC catches a damaged header before it is trusted. dtype and shape
+round-trip exactly (any torch dtype, including bfloat16 and 0-d/empty shapes).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+import blake3
+import numpy as np
+import torch
+
+from hybrid_connector.keys import ObjectKey
+
+MAGIC = b"HCT1"
+VERSION = 1
+PREFIX = struct.Struct("<4sBBHII")
+MAX_HEADER = 1 << 16
+_BLAKE_THREADS_MIN = 1 << 20  # multi-threaded hashing pays off above ~1 MiB
+
+
+class CorruptObject(ValueError):
+    """Stored bytes that fail a structural or checksum check."""
+
+
+def raw_bytes(t: torch.Tensor) -> np.ndarray:
+    """The tensor's bytes as a flat uint8 numpy view (a copy only when not on CPU)."""
+    flat = t.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return flat.view(torch.uint8).numpy()
+
+
+def checksum(buf: np.ndarray | bytes | memoryview) -> str:
+    threads = blake3.blake3.AUTO if len(buf) >= _BLAKE_THREADS_MIN else 1
+    return blake3.blake3(buf, max_threads=threads).hexdigest(length=16)
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dt = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dt, torch.dtype):
+        raise CorruptObject(f"unknown dtype {name!r}")
+    return dt
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    key: str
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    stored: int
+    codec: str
+    checksum: str
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return dtype_from_name(self.dtype)
+
+
+def encode_header(key: ObjectKey, t: torch.Tensor, body_len: int, codec: str, digest: str) -> bytes:
+    """Prefix + header bytes for ``t`` whose body (``body_len`` bytes) follows."""
+    hdr = json.dumps({
+        "key": key.to_str(), "kind": key.kind.value, "shape": list(t.shape),
+        "dtype": str(t.dtype).removeprefix("torch."), "nbytes": t.numel() * t.element_size(),
+        "stored": body_len, "codec": codec, "checksum": digest,
+    }, separators=(",", ":")).encode()
+    return PREFIX.pack(MAGIC, VERSION, 0, 0, len(hdr), zlib.crc32(hdr)) + hdr
+
+
+def decode_prefix(buf: bytes) -> tuple[int, int]:
+    """(header length, header crc) from the fixed prefix; CorruptObject if malformed."""
+    if len(buf) < PREFIX.size:
+        raise CorruptObject("truncated prefix")
+    magic, version, _flags, _res, hlen, hcrc = PREFIX.unpack_from(buf)
+    if magic != MAGIC or version != VERSION or not 0 < hlen <= MAX_HEADER:
+        raise CorruptObject("bad magic, version or header length")
+    return hlen, hcrc
+
+
+def decode_header(hbytes: bytes, hcrc: int) -> Header:
+    if zlib.crc32(hbytes) != hcrc:
+        raise CorruptObject("header checksum mismatch")
+    try:
+        d = json.loads(hbytes)
+        h = Header(str(d["key"]), str(d["kind"]), tuple(int(x) for x in d["shape"]),
+                   str(d["dtype"]), int(d["nbytes"]), int(d["stored"]), str(d["codec"]),
+                   str(d["checksum"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptObject(f"bad header: {exc}") from exc
+    dt = h.torch_dtype
+    n = int(np.prod(h.shape, dtype=np.int64)) * torch.empty((), dtype=dt).element_size()
+    if n != h.nbytes or h.codec not in ("raw", "zstd") or h.stored < 0:
+        raise CorruptObject("header fields are inconsistent")
+    if h.codec == "raw" and h.stored != h.nbytes:
+        raise CorruptObject("raw body length differs from nbytes")
+    return h
+
+
+def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tuple[bytes, np.ndarray | bytes]:
+    """(prefix+header, body) of ``t``; the body is a view of the tensor when uncompressed."""
+    raw = raw_bytes(t)
+    digest = checksum(raw)
+    body: np.ndarray | bytes = raw
+    codec = "raw"
+    if zstd_level is not None:
+        import zstandard
+
+        body = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
+        codec = "zstd"
+    return encode_header(key, t, len(body), codec, digest), body
+
+
+def decode_into(h: Header, body: bytes | memoryview | np.ndarray, out: torch.Tensor) -> None:
+    """Decode ``body`` into ``out`` (matching dtype and shape) and verify the checksum.
+
+    ``out`` may be on any device; raises CorruptObject on any mismatch (``out`` content
+    is then undefined).
+    """
+    if tuple(out.shape) != h.shape or out.dtype != h.torch_dtype:
+        raise CorruptObject("buffer does not match the stored dtype/shape")
+    if len(body) != h.stored:
+        raise CorruptObject("truncated body")
+    if h.codec == "zstd":
+        import zstandard
+
+        try:
+            raw: bytes | memoryview | np.ndarray = zstandard.ZstdDecompressor().decompress(
+                bytes(body), max_output_size=h.nbytes)
+        except zstandard.ZstdError as exc:
+            raise CorruptObject(f"zstd: {exc}") from exc
+        if len(raw) != h.nbytes:
+            raise CorruptObject("decompressed length mismatch")
+    else:
+        raw = body
+    if checksum(raw) != h.checksum:
+        raise CorruptObject("payload checksum mismatch")
+    if h.nbytes == 0:
+        return
+    src = np.frombuffer(raw, dtype=np.uint8)  # read-only view, no copy
+    if out.device.type == "cpu":
+        raw_bytes(out)[:] = src
+    else:
+        out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(src.copy()))
+
+
+def encode_blob(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> bytes:
+    """One contiguous blob (remote stores)."""
+    head, body = encode(key, t, zstd_level)
+    return head + (body.tobytes() if isinstance(body, np.ndarray) else body)
+
+
+def decode_blob(key: ObjectKey, blob: bytes | bytearray | memoryview) -> torch.Tensor:
+    """Tensor from ``encode_blob`` output; CorruptObject if damaged or for another key."""
+    mv = memoryview(blob)
+    hlen, hcrc = decode_prefix(bytes(mv[: PREFIX.size]))
+    h = decode_header(bytes(mv[PREFIX.size : PREFIX.size + hlen]), hcrc)
+    if h.key != key.to_str():
+        raise CorruptObject("blob belongs to another key")
+    out = torch.empty(h.shape, dtype=h.torch_dtype)
+    decode_into(h, mv[PREFIX.size + hlen :], out)
+    return out

@@ -1,0 +1,241 @@
+"""NVMe tier: one directory, one file per object, named by the key digest only.
+
+Writes go to a hidden temporary file in the same directory, are fsynced, then atomically
+renamed over the final name (and the directory is fsynced), so a reader or a restart sees
+either the complete old file, the complete new file, or nothing, whatever point a crash
+hits. Every file carries a ``tiers.codec`` header (key, kind, shape, dtype, length,
+checksum); reads verify the key, sizes and checksum, and a file that fails is deleted and
+reported as a miss. At start the index is rebuilt from the directory: temporary files are
+deleted, files with a bad or inconsistent header (or a wrong name) are dropped, and if
+the budget shrank the oldest files go first.
+
+Optional zstd per kind (``zstd={ObjectKind.STATE: 3}``). Budgets count payload bytes (as
+every tier does); each file adds one header (< 1 KiB) on disk. Reads use plain
+``readinto`` into the caller's buffer: on page-cache-backed files this is a single copy,
+and O_DIRECT would need aligned bounce buffers that cost more than they save here.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import re
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers import codec
+from tiers.logonce import LogOnce
+from tiers.tier import Entry, IndexedTier
+
+log = logging.getLogger(__name__)
+_NAME_RE = re.compile(r"^[0-9a-f]{40}$")
+_TMP_SUFFIX = ".tmp"
+
+
+def _write_all(fd: int, data: bytes | memoryview | np.ndarray) -> None:
+    mv = memoryview(data).cast("B")
+    while mv:
+        n = os.write(fd, mv)
+        mv = mv[n:]
+
+
+def _read_exact(fd: int, buf: memoryview, offset: int) -> None:
+    got = 0
+    while got < len(buf):
+        n = os.preadv(fd, [buf[got:]], offset + got)
+        if n <= 0:
+            raise codec.CorruptObject("file shorter than its header says")
+        got += n
+
+
+class NvmeTier(IndexedTier):
+    """Files in ``path``; see the module docstring and ``tiers.tier.Tier``.
+
+    Raises ValueError if ``path`` exists and is not a directory, OSError if it cannot be
+    created. Everything after construction reports failures as misses or False.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        budgets: Mapping[ObjectKind, int],
+        name: str = "nvme",
+        zstd: Mapping[ObjectKind, int] | None = None,
+        fsync: bool = True,
+        verify_on_start: bool = False,
+    ) -> None:
+        super().__init__(name, budgets)
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise ValueError(f"nvme tier path {self.path} exists and is not a directory")
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.zstd = dict(zstd or {})
+        self.fsync = fsync
+        self._warn = LogOnce(log)
+        self._inflight: Counter[ObjectKey] = Counter()
+        self._seq = itertools.count()
+        self.dropped_at_start: list[str] = []
+        self._rebuild(verify_on_start)
+
+    # ------------------------------------------------------------------ start
+    def _rebuild(self, verify: bool) -> None:
+        found: list[tuple[float, Entry]] = []
+        for p in self.path.iterdir():
+            name = p.name
+            if name.startswith(".") and name.endswith(_TMP_SUFFIX):
+                self._unlink(p)  # a write that never reached its rename
+                continue
+            if not _NAME_RE.match(name):
+                continue  # not ours; leave it alone
+            try:
+                entry = self._scan(p, verify)
+                found.append((p.stat().st_mtime, entry))
+            except (OSError, codec.CorruptObject) as exc:
+                self.dropped_at_start.append(name)
+                log.warning("nvme tier %s: dropping %s at start: %s", self.name, name, exc)
+                self._unlink(p)
+        found.sort(key=lambda x: x[0])
+        for _, e in found:
+            k = e.key.kind
+            if self._used[k] + e.nbytes > self._budget[k]:
+                self.dropped_at_start.append(str(e.handle))
+                self._unlink(self._file(e.key))
+                continue
+            self._lru[k][e.key] = e
+            self._used[k] += e.nbytes
+        if self.dropped_at_start:
+            log.warning("nvme tier %s: dropped %d files at start", self.name,
+                        len(self.dropped_at_start))
+
+    def _scan(self, p: Path, verify: bool) -> Entry:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            h, hend = self._read_header(fd)
+            size = os.fstat(fd).st_size
+            if size != hend + h.stored:
+                raise codec.CorruptObject(f"size {size} != {hend + h.stored}")
+            key = ObjectKey.from_str(h.key)
+            if key.digest() != p.name or key.kind.value != h.kind:
+                raise codec.CorruptObject("file name or kind does not match its key")
+            if verify:
+                out = torch.empty(h.shape, dtype=h.torch_dtype)
+                body = bytearray(h.stored)
+                _read_exact(fd, memoryview(body), hend)
+                codec.decode_into(h, body, out)
+        except ValueError as exc:
+            raise codec.CorruptObject(str(exc)) from exc
+        finally:
+            os.close(fd)
+        return Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=p.name)
+
+    @staticmethod
+    def _read_header(fd: int) -> tuple[codec.Header, int]:
+        pre = bytearray(codec.PREFIX.size)
+        _read_exact(fd, memoryview(pre), 0)
+        hlen, hcrc = codec.decode_prefix(bytes(pre))
+        hb = bytearray(hlen)
+        _read_exact(fd, memoryview(hb), codec.PREFIX.size)
+        return codec.decode_header(bytes(hb), hcrc), codec.PREFIX.size + hlen
+
+    # ------------------------------------------------------------------ storage
+    def _file(self, key: ObjectKey) -> Path:
+        return self.path / key.digest()
+
+    def _unlink(self, p: Path) -> None:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            self._warn.warn("unlink", "nvme tier %s: cannot delete %s: %s", self.name, p, exc)
+
+    def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
+        self._inflight[key] += 1
+        return True
+
+    def _unreserve(self, key: ObjectKey, nbytes: int, token: object) -> None:
+        self._done(key)
+
+    def _registered(self, key: ObjectKey) -> None:
+        self._done(key)
+
+    def _done(self, key: ObjectKey) -> None:
+        self._inflight[key] -= 1
+        if self._inflight[key] <= 0:
+            del self._inflight[key]
+
+    def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
+        final = self._file(key)
+        tmp = self.path / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}{_TMP_SUFFIX}"
+        fd = -1
+        try:
+            head, body = codec.encode(key, payload, self.zstd.get(key.kind))
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            _write_all(fd, head)
+            _write_all(fd, body)
+            if self.fsync:
+                os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.rename(tmp, final)
+            if self.fsync:
+                self._fsync_dir()
+            return final.name
+        except OSError as exc:
+            reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "write"
+            self._warn.warn(reason, "nvme tier %s: put failed (%s): %s", self.name, reason, exc)
+            if fd >= 0:
+                os.close(fd)
+            self._unlink(tmp)
+            return None
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+        try:
+            fd = os.open(self._file(entry.key), os.O_RDONLY)
+        except OSError as exc:
+            self._warn.warn("read", "nvme tier %s: cannot open %s: %s", self.name, entry.handle, exc)
+            return False
+        try:
+            h, hend = self._read_header(fd)
+            if h.key != entry.key.to_str() or h.shape != entry.shape or h.torch_dtype != entry.dtype:
+                raise codec.CorruptObject("header does not match the index")
+            if h.codec == "raw" and out.device.type == "cpu":
+                # Straight into the caller's buffer, then verify in place.
+                dst = codec.raw_bytes(out)
+                _read_exact(fd, memoryview(dst), hend)
+                if os.fstat(fd).st_size != hend + h.stored:
+                    raise codec.CorruptObject("file longer than its header says")
+                if codec.checksum(dst) != h.checksum:
+                    raise codec.CorruptObject("payload checksum mismatch")
+            else:
+                body = bytearray(h.stored)
+                _read_exact(fd, memoryview(body), hend)
+                codec.decode_into(h, body, out)
+            return True
+        except (OSError, codec.CorruptObject) as exc:
+            self._warn.warn("corrupt", "nvme tier %s: dropping unreadable %s: %s",
+                            self.name, entry.handle, exc)
+            return False
+        finally:
+            os.close(fd)
+
+    def _release(self, entry: Entry) -> None:
+        # The file is named by key only: never delete it under a newer object or a put
+        # of the same key that is about to register.
+        if self._entry(entry.key) is None and not self._inflight.get(entry.key):
+            self._unlink(self._file(entry.key))

@@ -1,0 +1,406 @@
+"""The ``Tier`` interface: one storage level (device, host, NVMe, remote) with per-kind pools.
+
+Batch-first, in the spirit of LMCache's ``StorageBackendInterface``. Every call takes a
+sequence and answers per element. Values are contiguous ``torch.Tensor`` payloads whose
+dtype and shape are kept exactly (a tier that serialises must round-trip both bit for bit).
+
+Contract shared by every tier:
+
+* A tier never evicts on its own: ``put`` of an object that does not fit its kind's pool
+  fails (False) and leaves the tier unchanged. Choosing victims (``lru``) and moving them is
+  the ``TierManager``'s job, so a tier never loses an object without its caller knowing.
+* ``put`` copies; the caller may reuse its tensor as soon as ``put`` returns. Overwriting an
+  existing key replaces it atomically (readers see the old or the new object, never a mix).
+* ``get_into`` writes into caller buffers; ``get`` allocates. A failed read (missing,
+  corrupt, I/O error, remote down) is ``False``/``None`` for that element, never an
+  exception. A corrupt object is forgotten by the tier when it is detected.
+* ``pin`` keeps an object from appearing in ``lru`` (so it is never chosen for demotion or
+  eviction); pins nest. ``remove`` of a pinned object hides it at once, and its storage is
+  reclaimed at the last ``unpin`` (so an in-flight read stays valid).
+* Thread safe. ``close`` releases resources; the tier must not be used afterwards.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from hybrid_connector.keys import ObjectKey, ObjectKind
+
+
+def nbytes_of(t: torch.Tensor) -> int:
+    """Payload size in bytes."""
+    return t.numel() * t.element_size()
+
+
+def check_payload(t: object) -> str | None:
+    """Why ``t`` cannot be stored (None: it can)."""
+    if not isinstance(t, torch.Tensor):
+        return f"payload must be a torch.Tensor, got {type(t).__name__}"
+    if not t.is_contiguous():
+        return "payload must be contiguous"
+    if t.is_sparse or t.is_quantized:
+        return "payload must be a dense tensor"
+    return None
+
+
+@dataclass(slots=True)
+class Entry:
+    """What a tier knows about one stored object."""
+
+    key: ObjectKey
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    handle: object = None  # tier-specific location (slab offset, file name, remote name)
+    pins: int = 0
+    doomed: bool = False  # removed while pinned: reclaim at the last unpin
+
+
+@dataclass(slots=True)
+class TierStats:
+    """Counters of one tier (monotonic except ``objects``/``used``)."""
+
+    name: str
+    objects: dict[str, int] = field(default_factory=dict)
+    used: dict[str, int] = field(default_factory=dict)
+    capacity: dict[str, int] = field(default_factory=dict)
+    puts: int = 0
+    put_failures: int = 0
+    hits: int = 0
+    misses: int = 0
+    errors: int = 0
+    bytes_written: int = 0
+    bytes_read: int = 0
+
+
+class Tier(ABC):
+    """One storage level with per-kind byte budgets. See the module docstring."""
+
+    name: str
+
+    @abstractmethod
+    def capacity(self, kind: ObjectKind) -> int:
+        """Byte budget of ``kind``'s pool (0: the kind is not stored here)."""
+
+    @abstractmethod
+    def used(self, kind: ObjectKind) -> int:
+        """Bytes of ``kind`` held now (payload bytes, excluding per-object headers)."""
+
+    @abstractmethod
+    def contains(self, keys: Sequence[ObjectKey], pin: bool = False) -> list[bool]:
+        """Whether each key is held; with ``pin`` each present key is also pinned (the
+        caller must ``unpin`` it). A removed-while-pinned object is not contained."""
+
+    @abstractmethod
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
+        """Store copies; element i False when item i was not stored (no room in its pool,
+        bad payload, I/O failure), in which case any old object under that key survives."""
+
+    @abstractmethod
+    def get_into(self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        """Read each object into ``outs[i]`` (same dtype and shape, any device). False on a
+        miss, a mismatched buffer or a failed read; ``outs[i]`` content is then undefined."""
+
+    @abstractmethod
+    def get(
+        self, keys: Sequence[ObjectKey], device: torch.device | str | None = None
+    ) -> list[torch.Tensor | None]:
+        """Read into fresh tensors owned by the caller (on ``device``, default CPU)."""
+
+    @abstractmethod
+    def meta(self, key: ObjectKey) -> tuple[tuple[int, ...], torch.dtype, int] | None:
+        """``(shape, dtype, nbytes)`` of a held object, for sizing buffers; no side effects."""
+
+    @abstractmethod
+    def pin(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """Pin each held key (False: absent). Nested pins need as many ``unpin`` calls."""
+
+    @abstractmethod
+    def unpin(self, keys: Sequence[ObjectKey]) -> None:
+        """Undo one ``pin`` per key (unpinned or absent keys are ignored)."""
+
+    @abstractmethod
+    def remove(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """Forget each key (False: absent). Pinned objects vanish now, storage later."""
+
+    @abstractmethod
+    def lru(self, kind: ObjectKind) -> Iterator[ObjectKey]:
+        """Unpinned objects of ``kind``, least recently used first (a snapshot)."""
+
+    @abstractmethod
+    def keys(self) -> list[ObjectKey]:
+        """Every held (not removed) key."""
+
+    @abstractmethod
+    def stats(self) -> TierStats:
+        """A snapshot of the counters."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources; the tier must not be used afterwards."""
+
+    # Async variants. Default: run the batch call on the caller's executor; tiers with a
+    # native async path override these.
+    def get_into_async(
+        self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]
+    ) -> Future[list[bool]]:
+        """``get_into`` whose result can be awaited; the buffers must stay alive and
+        untouched until the future is done."""
+        fut: Future[list[bool]] = Future()
+        try:
+            fut.set_result(self.get_into(keys, outs))
+        except BaseException as exc:  # pragma: no cover - get_into never raises
+            fut.set_exception(exc)
+        return fut
+
+
+class IndexedTier(Tier):
+    """Shared bookkeeping: index, per-kind LRU order and usage, pins, deferred frees.
+
+    Subclasses implement the storage: ``_store`` (write a payload, return a handle),
+    ``_load_into`` (read a handle into a buffer), ``_release`` (free a handle). The index
+    lock is never held during a subclass read, so reads of pinned objects run in parallel.
+    """
+
+    def __init__(self, name: str, budgets: Mapping[ObjectKind, int]) -> None:
+        self.name = name
+        self._budget = {k: int(budgets.get(k, 0)) for k in ObjectKind}
+        for k, v in self._budget.items():
+            if v < 0:
+                raise ValueError(f"tier {name!r}: budget of {k.value} must be >= 0, got {v}")
+        self._used = {k: 0 for k in ObjectKind}
+        self._lru: dict[ObjectKind, OrderedDict[ObjectKey, Entry]] = {
+            k: OrderedDict() for k in ObjectKind
+        }
+        self._lock = threading.RLock()
+        self._stats = TierStats(name)
+        # Entries removed or replaced while pinned, released at their last unpin.
+        self._zombies: dict[ObjectKey, list[Entry]] = {}
+
+    # ---------------------------------------------------------------- storage hooks
+    @abstractmethod
+    def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
+        """Write ``payload`` into the room ``token`` reserved; return its handle or None on
+        failure. Called without the index lock."""
+
+    @abstractmethod
+    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+        """Read ``entry`` into ``out`` (validated dtype/shape). False on a failed read."""
+
+    @abstractmethod
+    def _release(self, entry: Entry) -> None:
+        """Free ``entry``'s storage (it is already out of the index; the index lock is held).
+        Storage named by key must check ``self._entry(key)``: a newer object may own it."""
+
+    def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
+        """Reserve room for ``nbytes`` more of ``key.kind``; return a token for ``_store``
+        (None: no room). Called under the index lock; the budget check is done already."""
+        return True
+
+    def _unreserve(self, key: ObjectKey, nbytes: int, token: object) -> None:
+        """Give back a reservation whose ``_store`` failed (under the index lock)."""
+
+    def _registered(self, key: ObjectKey) -> None:
+        """A stored object just entered the index (under the index lock)."""
+
+    # ---------------------------------------------------------------- interface
+    def capacity(self, kind: ObjectKind) -> int:
+        return self._budget[kind]
+
+    def used(self, kind: ObjectKind) -> int:
+        with self._lock:
+            return self._used[kind]
+
+    def _entry(self, key: ObjectKey) -> Entry | None:
+        e = self._lru[key.kind].get(key)
+        return None if e is None or e.doomed else e
+
+    def contains(self, keys: Sequence[ObjectKey], pin: bool = False) -> list[bool]:
+        with self._lock:
+            out = []
+            for k in keys:
+                e = self._entry(k)
+                if e is not None and pin:
+                    e.pins += 1
+                out.append(e is not None)
+            return out
+
+    def meta(self, key: ObjectKey) -> tuple[tuple[int, ...], torch.dtype, int] | None:
+        with self._lock:
+            e = self._entry(key)
+            return None if e is None else (e.shape, e.dtype, e.nbytes)
+
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
+        return [self._put_one(k, t) for k, t in items]
+
+    def _put_one(self, key: ObjectKey, payload: torch.Tensor) -> bool:
+        if check_payload(payload) is not None:
+            self._stats.put_failures += 1
+            return False
+        n = nbytes_of(payload)
+        with self._lock:
+            # An old object under the key stays readable until the new one is in, so the
+            # new one is reserved on top of it.
+            token = None
+            if self._used[key.kind] + n <= self._budget[key.kind]:
+                token = self._reserve(key, n)
+            if token is None:
+                self._stats.put_failures += 1
+                return False
+            self._used[key.kind] += n
+        handle = None
+        try:
+            handle = self._store(key, payload, token)
+        finally:
+            if handle is None:
+                with self._lock:
+                    self._used[key.kind] -= n
+                    self._unreserve(key, n, token)
+                    self._stats.put_failures += 1
+        if handle is None:
+            return False
+        entry = Entry(key, n, tuple(payload.shape), payload.dtype, handle)
+        with self._lock:
+            old = self._lru[key.kind].pop(key, None)
+            self._lru[key.kind][key] = entry
+            self._registered(key)
+            self._stats.puts += 1
+            self._stats.bytes_written += n
+            if old is not None:
+                self._drop_entry(old)
+        return True
+
+    def _drop_entry(self, e: Entry) -> None:
+        """Account ``e`` as gone (index already updated); free now unless pinned."""
+        if e.doomed:
+            return
+        e.doomed = True
+        self._used[e.key.kind] -= e.nbytes
+        if e.pins == 0:
+            self._release_quiet(e)
+        else:
+            # Keep a handle so the last unpin can release it.
+            self._zombies.setdefault(e.key, []).append(e)
+
+    def _release_quiet(self, e: Entry) -> None:
+        try:
+            self._release(e)
+        except OSError:
+            self._stats.errors += 1
+
+    def get_into(self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
+        return [self._get_one(k, o) for k, o in zip(keys, outs, strict=True)]
+
+    def get(
+        self, keys: Sequence[ObjectKey], device: torch.device | str | None = None
+    ) -> list[torch.Tensor | None]:
+        out: list[torch.Tensor | None] = []
+        for k in keys:
+            m = self.meta(k)
+            if m is None:
+                self._stats.misses += 1
+                out.append(None)
+                continue
+            buf = torch.empty(m[0], dtype=m[1], device=device or "cpu")
+            out.append(buf if self._get_one(k, buf) else None)
+        return out
+
+    def _get_one(self, key: ObjectKey, out: torch.Tensor) -> bool:
+        with self._lock:
+            e = self._entry(key)
+            if e is None:
+                self._stats.misses += 1
+                return False
+            if tuple(out.shape) != e.shape or out.dtype != e.dtype or not out.is_contiguous():
+                self._stats.errors += 1
+                return False
+            e.pins += 1
+            self._lru[key.kind].move_to_end(key)
+        ok = False
+        try:
+            ok = self._load_into(e, out)
+        finally:
+            with self._lock:
+                self._unpin_entry(e)
+                if ok:
+                    self._stats.hits += 1
+                    self._stats.bytes_read += e.nbytes
+                else:
+                    self._stats.errors += 1
+                    self._forget_corrupt(e)
+        return ok
+
+    def _forget_corrupt(self, e: Entry) -> None:
+        """A read failed: forget the object so it is never served again (under lock)."""
+        cur = self._lru[e.key.kind].get(e.key)
+        if cur is e:
+            del self._lru[e.key.kind][e.key]
+            self._drop_entry(e)
+
+    def pin(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        return self.contains(keys, pin=True)
+
+    def unpin(self, keys: Sequence[ObjectKey]) -> None:
+        with self._lock:
+            for k in keys:
+                e = self._lru[k.kind].get(k)
+                if e is not None and not e.doomed and e.pins > 0:
+                    self._unpin_entry(e)
+                    continue
+                # A pin on an entry removed meanwhile: release one of its zombies.
+                zs = self._zombies.get(k)
+                if zs:
+                    self._unpin_entry(zs[0])
+
+    def _unpin_entry(self, e: Entry) -> None:
+        e.pins = max(0, e.pins - 1)
+        if e.doomed and e.pins == 0:
+            zs = self._zombies.get(e.key, [])
+            if e in zs:
+                zs.remove(e)
+                if not zs:
+                    self._zombies.pop(e.key, None)
+                self._release_quiet(e)
+
+    def remove(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        out = []
+        with self._lock:
+            for k in keys:
+                e = self._entry(k)
+                if e is None:
+                    out.append(False)
+                    continue
+                del self._lru[k.kind][k]
+                self._drop_entry(e)
+                out.append(True)
+        return out
+
+    def lru(self, kind: ObjectKind) -> Iterator[ObjectKey]:
+        with self._lock:
+            snap = [k for k, e in self._lru[kind].items() if e.pins == 0 and not e.doomed]
+        return iter(snap)
+
+    def keys(self) -> list[ObjectKey]:
+        with self._lock:
+            return [k for d in self._lru.values() for k, e in d.items() if not e.doomed]
+
+    def is_pinned(self, key: ObjectKey) -> bool:
+        with self._lock:
+            e = self._entry(key)
+            return e is not None and e.pins > 0
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            s = TierStats(**{f: getattr(self._stats, f) for f in TierStats.__slots__})
+            s.objects = {k.value: len(self._lru[k]) for k in ObjectKind}
+            s.used = {k.value: self._used[k] for k in ObjectKind}
+            s.capacity = {k.value: self._budget[k] for k in ObjectKind}
+            return s

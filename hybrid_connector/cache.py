@@ -91,16 +91,19 @@ class HybridCache:
         eviction: EvictionPolicy | None = None,
         admission: AdmissionPolicy | None = None,
         layout: dict[str, object] | None = None,
+        model_id: str = "",
     ) -> None:
-        """``layout`` holds engine facts that change stored bytes (block size, KV layout);
-        they enter the fingerprint so objects from another layout can never be loaded."""
+        """``model_id`` names the weights (e.g. ``org/model@revision``) and ``layout`` holds
+        engine facts that change stored bytes (block size, KV layout, TP rank); both enter
+        the fingerprint with the geometry, so objects of other weights, geometry, dtype or
+        layout can never be loaded."""
         self.config = config
         self.geometry = geometry
         self.store = store
         self.tree = RadixTree(on_move=self._on_move)
         self.fingerprint = model_fingerprint(
             {**geometry.fingerprint_fields(), "chunk": config.chunk_size,
-             "hash_block": config.hash_block_size, **(layout or {})}
+             "hash_block": config.hash_block_size, "model_id": model_id, **(layout or {})}
         )
         self.needs_state = bool(geometry.recurrent_layers)
         self.eviction = eviction or build.eviction(config)
@@ -145,6 +148,24 @@ class HybridCache:
                 return LoadPlan(0, True, kv_tokens=reach, matched_tokens=m.length,
                                 prompt_tokens=int(arr.size))
             return self._plan(arr, chain, best_p, best_node.state, [], reach, m.length, best_node)
+
+    def lookup_at(self, tokens: Sequence[int] | np.ndarray, p: int) -> LoadPlan:
+        """A plan for a hit of exactly ``p`` tokens (exact state at p, KV over ``[0, p)``),
+        or a miss. For engines whose own cache already holds the attention KV up to p and
+        only need the recurrent state there (vLLM's divergent local hybrid hits). Pure."""
+        arr = as_tokens(tokens)
+        with self._lock:
+            m = self.tree.match(arr)
+            if not 0 < p < arr.size or p > m.length:
+                return LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
+            nodes = list(m.path) + ([m.partial] if m.partial is not None else [])
+            chain, reach = self._kv_chain(nodes, m.length)
+            node = next((n for n in m.path if n.depth == p), None)
+            if reach < p or (self.needs_state and (node is None or node.state is None)):
+                return LoadPlan(0, True, kv_tokens=reach, matched_tokens=m.length,
+                                prompt_tokens=int(arr.size))
+            target = node if node is not None else self.tree.root
+            return self._plan(arr, chain, p, target.state, [], reach, m.length, target)
 
     def _kv_chain(self, nodes: Sequence[Node], matched: int) -> tuple[list[ObjectRef], int]:
         """KV chunks covering ``[0, reach)`` contiguously from 0, along the matched path.

@@ -202,3 +202,24 @@ class CacheMachine(RuleBasedStateMachine):
 
 TestCacheMachine = CacheMachine.TestCase
 TestCacheMachine.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
+
+
+def test_lookup_at_exact_position_only():
+    c = make_cache()
+    seq = np.arange(40)
+    save_seq(c, seq, states=[12, 24])
+    q = np.arange(60)
+    assert c.lookup_at(q, 12).num_tokens == 12
+    assert c.lookup_at(q, 24).state.ref.end == 24
+    assert c.lookup_at(q, 16).num_tokens == 0  # KV there, but no state at exactly 16
+    assert c.lookup_at(seq[:24], 24).num_tokens == 0  # never the whole prompt
+
+
+def test_fingerprint_separates_models_and_layouts():
+    a = make_cache()
+    store = a.store
+    b = HybridCache(a.config, GEO, store, model_id="other/weights")
+    c = HybridCache(a.config, GEO, store, layout={"block_size": 32})
+    assert len({a.fingerprint, b.fingerprint, c.fingerprint}) == 3
+    save_seq(a, np.arange(40), states=[40])
+    assert a.lookup(np.arange(50)).num_tokens == 40 and b.lookup(np.arange(50)).num_tokens == 0

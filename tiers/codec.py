@@ -44,7 +44,10 @@ def raw_bytes(t: torch.Tensor) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
-def checksum(buf: np.ndarray | bytes | memoryview) -> str:
+Buf = bytes | bytearray | memoryview
+
+
+def checksum(buf: Buf) -> str:
     threads = blake3.blake3.AUTO if len(buf) >= _BLAKE_THREADS_MIN else 1
     return blake3.blake3(buf, max_threads=threads).hexdigest(length=16)
 
@@ -111,11 +114,11 @@ def decode_header(hbytes: bytes, hcrc: int) -> Header:
     return h
 
 
-def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tuple[bytes, np.ndarray | bytes]:
+def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tuple[bytes, Buf]:
     """(prefix+header, body) of ``t``; the body is a view of the tensor when uncompressed."""
-    raw = raw_bytes(t)
+    raw = raw_bytes(t).data
     digest = checksum(raw)
-    body: np.ndarray | bytes = raw
+    body: Buf = raw
     codec = "raw"
     if zstd_level is not None:
         import zstandard
@@ -125,7 +128,7 @@ def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tu
     return encode_header(key, t, len(body), codec, digest), body
 
 
-def decode_into(h: Header, body: bytes | memoryview | np.ndarray, out: torch.Tensor) -> None:
+def decode_into(h: Header, body: Buf, out: torch.Tensor) -> None:
     """Decode ``body`` into ``out`` (matching dtype and shape) and verify the checksum.
 
     ``out`` may be on any device; raises CorruptObject on any mismatch (``out`` content
@@ -139,7 +142,7 @@ def decode_into(h: Header, body: bytes | memoryview | np.ndarray, out: torch.Ten
         import zstandard
 
         try:
-            raw: bytes | memoryview | np.ndarray = zstandard.ZstdDecompressor().decompress(
+            raw: Buf = zstandard.ZstdDecompressor().decompress(
                 bytes(body), max_output_size=h.nbytes)
         except zstandard.ZstdError as exc:
             raise CorruptObject(f"zstd: {exc}") from exc
@@ -161,7 +164,7 @@ def decode_into(h: Header, body: bytes | memoryview | np.ndarray, out: torch.Ten
 def encode_blob(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> bytes:
     """One contiguous blob (remote stores)."""
     head, body = encode(key, t, zstd_level)
-    return head + (body.tobytes() if isinstance(body, np.ndarray) else body)
+    return head + bytes(body)
 
 
 def decode_blob(key: ObjectKey, blob: bytes | bytearray | memoryview) -> torch.Tensor:

@@ -23,11 +23,9 @@ import logging
 import os
 import re
 import threading
-from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
@@ -40,7 +38,7 @@ _NAME_RE = re.compile(r"^[0-9a-f]{40}$")
 _TMP_SUFFIX = ".tmp"
 
 
-def _write_all(fd: int, data: bytes | memoryview | np.ndarray) -> None:
+def _write_all(fd: int, data: codec.Buf) -> None:
     mv = memoryview(data).cast("B")
     while mv:
         n = os.write(fd, mv)
@@ -80,7 +78,6 @@ class NvmeTier(IndexedTier):
         self.zstd = dict(zstd or {})
         self.fsync = fsync
         self._warn = LogOnce(log)
-        self._inflight: Counter[ObjectKey] = Counter()
         self._seq = itertools.count()
         self.dropped_at_start: list[str] = []
         self._rebuild(verify_on_start)
@@ -157,21 +154,6 @@ class NvmeTier(IndexedTier):
         except OSError as exc:
             self._warn.warn("unlink", "nvme tier %s: cannot delete %s: %s", self.name, p, exc)
 
-    def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
-        self._inflight[key] += 1
-        return True
-
-    def _unreserve(self, key: ObjectKey, nbytes: int, token: object) -> None:
-        self._done(key)
-
-    def _registered(self, key: ObjectKey) -> None:
-        self._done(key)
-
-    def _done(self, key: ObjectKey) -> None:
-        self._inflight[key] -= 1
-        if self._inflight[key] <= 0:
-            del self._inflight[key]
-
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
         final = self._file(key)
         tmp = self.path / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}{_TMP_SUFFIX}"
@@ -216,8 +198,8 @@ class NvmeTier(IndexedTier):
                 raise codec.CorruptObject("header does not match the index")
             if h.codec == "raw" and out.device.type == "cpu":
                 # Straight into the caller's buffer, then verify in place.
-                dst = codec.raw_bytes(out)
-                _read_exact(fd, memoryview(dst), hend)
+                dst = codec.raw_bytes(out).data
+                _read_exact(fd, dst, hend)
                 if os.fstat(fd).st_size != hend + h.stored:
                     raise codec.CorruptObject("file longer than its header says")
                 if codec.checksum(dst) != h.checksum:
@@ -237,5 +219,5 @@ class NvmeTier(IndexedTier):
     def _release(self, entry: Entry) -> None:
         # The file is named by key only: never delete it under a newer object or a put
         # of the same key that is about to register.
-        if self._entry(entry.key) is None and not self._inflight.get(entry.key):
+        if not self._key_busy(entry.key):
             self._unlink(self._file(entry.key))

@@ -107,6 +107,11 @@ class SlabTier(IndexedTier):
     def _view(self, off: int, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return self._slab[off : off + nbytes].view(dtype).view(shape)
 
+    def fits(self, kind: ObjectKind, nbytes: int) -> bool:
+        with self._lock:
+            return (self._used[kind] + nbytes <= self._budget[kind]
+                    and self._arena[kind].largest_free() >= _round_up(max(nbytes, 1)))
+
     def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
         return self._arena[key.kind].alloc(nbytes)
 

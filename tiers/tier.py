@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -142,6 +142,14 @@ class Tier(ABC):
     def stats(self) -> TierStats:
         """A snapshot of the counters."""
 
+    def fits(self, kind: ObjectKind, nbytes: int) -> bool:
+        """Whether a put of ``nbytes`` of ``kind`` would find room now (no side effects)."""
+        return self.used(kind) + nbytes <= self.capacity(kind)
+
+    def is_pinned(self, key: ObjectKey) -> bool:
+        """Whether ``key`` is held and pinned."""
+        return False
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the tier must not be used afterwards."""
 
@@ -182,6 +190,8 @@ class IndexedTier(Tier):
         self._stats = TierStats(name)
         # Entries removed or replaced while pinned, released at their last unpin.
         self._zombies: dict[ObjectKey, list[Entry]] = {}
+        # Puts in progress per key (storage named by key must not be freed under them).
+        self._inflight: Counter[ObjectKey] = Counter()
 
     # ---------------------------------------------------------------- storage hooks
     @abstractmethod
@@ -196,7 +206,7 @@ class IndexedTier(Tier):
     @abstractmethod
     def _release(self, entry: Entry) -> None:
         """Free ``entry``'s storage (it is already out of the index; the index lock is held).
-        Storage named by key must check ``self._entry(key)``: a newer object may own it."""
+        Storage named by key must check ``self._key_busy(key)``: a newer object may own it."""
 
     def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
         """Reserve room for ``nbytes`` more of ``key.kind``; return a token for ``_store``
@@ -206,8 +216,15 @@ class IndexedTier(Tier):
     def _unreserve(self, key: ObjectKey, nbytes: int, token: object) -> None:
         """Give back a reservation whose ``_store`` failed (under the index lock)."""
 
-    def _registered(self, key: ObjectKey) -> None:
-        """A stored object just entered the index (under the index lock)."""
+    def _put_done(self, key: ObjectKey) -> None:
+        self._inflight[key] -= 1
+        if self._inflight[key] <= 0:
+            del self._inflight[key]
+
+    def _key_busy(self, key: ObjectKey) -> bool:
+        """A live object or a put in progress owns ``key`` (under the index lock): storage
+        named by key only must then not be freed for an older object."""
+        return self._entry(key) is not None or self._inflight.get(key, 0) > 0
 
     # ---------------------------------------------------------------- interface
     def capacity(self, kind: ObjectKind) -> int:
@@ -254,6 +271,7 @@ class IndexedTier(Tier):
                 self._stats.put_failures += 1
                 return False
             self._used[key.kind] += n
+            self._inflight[key] += 1
         handle = None
         try:
             handle = self._store(key, payload, token)
@@ -262,6 +280,7 @@ class IndexedTier(Tier):
                 with self._lock:
                     self._used[key.kind] -= n
                     self._unreserve(key, n, token)
+                    self._put_done(key)
                     self._stats.put_failures += 1
         if handle is None:
             return False
@@ -269,7 +288,7 @@ class IndexedTier(Tier):
         with self._lock:
             old = self._lru[key.kind].pop(key, None)
             self._lru[key.kind][key] = entry
-            self._registered(key)
+            self._put_done(key)
             self._stats.puts += 1
             self._stats.bytes_written += n
             if old is not None:

@@ -1,0 +1,327 @@
+"""transformers runtime: cached prefill and greedy generation for hybrid causal LMs.
+
+Supported (batch size 1, fp32/bf16, CPU or one GPU, transformers 5.20): Qwen3.5 (text),
+Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, i.e. every family whose
+cache is a ``DynamicCache`` of ``DynamicLayer`` / ``LinearAttentionLayer`` /
+``LinearAttentionAndFullAttentionLayer`` objects (see ``hf_state``).
+
+One request, as :meth:`HFRuntime.prefill` runs it::
+
+    plan = cache.lookup(prompt)          # exact checkpoint, replay (anchors) or miss
+    [replay plan and the gate says no -> the exact plan instead]
+    saves = cache.plan_saves(prompt)     # checkpoint positions admission wants
+    lease = cache.acquire(plan); loaded = cache.load(plan)
+    model_cache = restore(KV [0, p), state at p)   # or replay the state from anchors
+    cache.release(lease)
+    run prompt[p:], split at every checkpoint position q: run [.., q), snapshot, continue
+    cache.save(prompt, KV chunks + checkpoints + anchor pages)
+
+:meth:`HFRuntime.decode` continues greedily; :meth:`HFRuntime.finish` saves the last KV
+chunks, anchors and the final state (admission decides) through ``cache.finish``.
+
+**Intermediate states.** A recurrent state exists only where the model stopped, so a
+checkpoint at p (a branch point, a placement pick) is taken by splitting the prefill at p.
+Every family resumes a multi-token forward from a restored state exactly, except Jamba:
+its selective scan (like mamba_ssm's ``selective_scan_fn``) takes no initial state, so
+after a restore or a split Jamba runs the remaining tokens one at a time through the
+single-token recurrent path (exact, slower). Bamba derives ``position_ids`` from 0 when
+none are passed, so the runtime always passes absolute positions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hybrid_connector.cache import HybridCache
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorder
+from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
+from hybrid_connector.replay import ReplayGate, gather_anchors, replay_states
+from tiers.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+# Families whose multi-token forward ignores a restored recurrent state (see module doc).
+_STEPWISE_RESUME = frozenset({"jamba"})
+
+
+@dataclass
+class PrefillInfo:
+    """What a cached prefill did. ``exact`` is False only for a replayed hit (labelled);
+    ``hit_tokens`` is the restored prefix p, ``computed_tokens`` what the model ran."""
+
+    prompt_tokens: int
+    hit_tokens: int = 0
+    exact: bool = True
+    replayed: bool = False
+    replay_anchors: int = 0
+    computed_tokens: int = 0
+    checkpoints: tuple[int, ...] = ()
+    gate_rejected: bool = False
+    load_failed: int = 0
+    saved: SaveResult | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ttft(self) -> float:
+        """Seconds from lookup to the first next-token logits (saves excluded)."""
+        return self.seconds.get("ttft", 0.0)
+
+
+@dataclass
+class PrefillResult:
+    """A running request: next-token ``logits`` ``[vocab]``, the model's cache, what the
+    prefill did, and every token the model has consumed so far (mutated by ``decode``)."""
+
+    logits: torch.Tensor
+    model_cache: Any
+    info: PrefillInfo
+    tokens: list[int]
+    kv_next: int  # first token whose KV chunk is not saved yet (chunk aligned)
+    finished: bool = False
+
+
+def geometry_for(model: Any) -> ModelGeometry:
+    """The model's geometry in the dtype its weights actually have."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return ModelGeometry.from_hf_config(model.config, dtype=dtype)
+
+
+class HFRuntime:
+    """Cached prefill for one transformers hybrid model over one ``HybridCache``.
+
+    Runs one request at a time (the anchor recorder is per runtime). Anchors are captured
+    when ``anchors`` is True (default: ``cache.config.replay``). ``gate`` decides whether a
+    replay plan may be used; without one every replay plan is rejected (falls back to the
+    exact plan), because an uncalibrated replay has unknown quality.
+    """
+
+    def __init__(self, model: Any, cache: HybridCache, *, anchors: bool | None = None,
+                 gate: ReplayGate | None = None) -> None:
+        self.model = model.eval()
+        self.cache = cache
+        self.config: HybridConfig = cache.config
+        self.geometry = cache.geometry
+        self.adapter = HFStateAdapter(model, self.geometry)
+        self.gate = gate
+        self.stepwise_resume = str(getattr(model.config, "model_type", "")) in _STEPWISE_RESUME
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.layout = anchor_layout(model, self.config, self.adapter)
+        want = self.config.replay if anchors is None else anchors
+        self.recorder = AnchorRecorder(model, self.layout).attach() if want else None
+
+    @classmethod
+    def create(cls, model: Any, config: HybridConfig, store: ObjectStore, *,
+               anchors: bool | None = None, gate: ReplayGate | None = None,
+               **cache_kwargs: Any) -> HFRuntime:
+        """Build the ``HybridCache`` for ``model`` (geometry and layout fingerprinted) and
+        the runtime over it."""
+        geometry = geometry_for(model)
+        adapter = HFStateAdapter(model, geometry)
+        layout = {"engine": "transformers", **anchor_layout(model, config, adapter).fingerprint()}
+        cache = HybridCache(config, geometry, store, layout=layout, **cache_kwargs)
+        return cls(model, cache, anchors=anchors, gate=gate)
+
+    def close(self) -> None:
+        if self.recorder is not None:
+            self.recorder.detach()
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def _run(self, ids: torch.Tensor, mc: Any, start: int) -> torch.Tensor:
+        """Run tokens ``ids`` ``[n]`` at absolute positions ``[start, start + n)`` into
+        model cache ``mc``; return the last position's logits ``[vocab]``."""
+        n = int(ids.numel())
+        if n == 0:
+            raise ValueError("nothing to run")
+        if self.stepwise_resume and start > 0 and n > 1:
+            logits = torch.empty(0)
+            for j in range(n):
+                logits = self._run(ids[j : j + 1], mc, start + j)
+            return logits
+        device = next(self.model.parameters()).device
+        pos = torch.arange(start, start + n, device=device).unsqueeze(0)
+        if self.recorder is not None:
+            self.recorder.start_at(start)
+        kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        out = self.model(input_ids=ids.to(device).unsqueeze(0), past_key_values=mc,
+                         position_ids=pos, use_cache=True, **kw)
+        return out.logits[0, -1].float()
+
+    # ------------------------------------------------------------------ lookup
+    def _lookup_exact(self, arr: Sequence[int]) -> LoadPlan:
+        """The cache's plan with replay disabled (the gate's fallback).
+
+        HybridCache has no per-call switch for replay, so this swaps its (immutable) config
+        for one with ``replay=False`` under the cache's lock for the one lookup."""
+        with self.cache._lock:
+            saved = self.cache.config
+            self.cache.config = saved.model_copy(update={"replay": False})
+            try:
+                return self.cache.lookup(arr)
+            finally:
+                self.cache.config = saved
+
+    def _choose_plan(self, arr: Sequence[int], info: PrefillInfo) -> LoadPlan:
+        plan = self.cache.lookup(arr)
+        if plan.hit and not plan.exact:
+            k = len(plan.anchors) * self.layout.keep
+            if self.gate is None or not self.gate.admits(k):
+                info.gate_rejected = True
+                plan = self._lookup_exact(arr)
+        self.cache.record_lookup(plan)
+        return plan
+
+    def _restore(self, plan: LoadPlan, loaded: LoadResult, info: PrefillInfo) -> Any:
+        p = loaded.num_tokens
+        ranges = [(o.ref.key.start, o.ref.key.end) for o in plan.kv]
+        if loaded.exact:
+            return self.adapter.restore(loaded.kv, ranges, p, loaded.state)
+        mc = self.adapter.restore(loaded.kv, ranges, p, None)
+        t = time.perf_counter()
+        hidden, pos = gather_anchors(self.layout, loaded.anchors,
+                                     [o.ref.key.start for o in plan.anchors])
+        if self.recorder is not None:
+            self.recorder.start_at(0, enabled=False)  # replay runs decoder layers: no capture
+        self.adapter.set_states(mc, replay_states(self.model, self.adapter, self.layout, hidden, pos))
+        info.replayed, info.exact, info.replay_anchors = True, False, int(pos.numel())
+        info.seconds["replay"] = time.perf_counter() - t
+        return mc
+
+    # ----------------------------------------------------------------- prefill
+    @torch.no_grad()
+    def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> PrefillResult:
+        """Cached prefill of one prompt (token ids, 1-D or ``[1, n]``). Saves KV chunks,
+        the checkpoints admission asks for, and anchor pages; returns the next-token
+        logits. Store failures only shorten the hit (recomputed); never raises for them."""
+        ids = _as_ids(input_ids)
+        arr = ids.tolist()
+        n = len(arr)
+        info = PrefillInfo(prompt_tokens=n)
+        t0 = time.perf_counter()
+        plan = self._choose_plan(arr, info)
+        saves = self.cache.plan_saves(arr)
+        if self.recorder is not None:
+            self.recorder.reset()
+        mc: Any = None
+        p = 0
+        lease = self.cache.acquire(plan) if plan.hit else None
+        try:
+            if lease is not None:
+                t = time.perf_counter()
+                loaded = self.cache.load(plan)
+                info.load_failed = len(loaded.failed)
+                info.seconds["load"] = time.perf_counter() - t
+                if loaded.num_tokens > 0:
+                    mc = self._restore(plan, loaded, info)
+                    p = loaded.num_tokens
+        finally:
+            self.cache.release(lease)
+        if mc is None:
+            mc, p, info.exact = new_model_cache(self.model), 0, True
+        info.hit_tokens = p
+        info.seconds["restore"] = time.perf_counter() - t0
+        # Run the rest, split at the checkpoint positions.
+        t = time.perf_counter()
+        cuts = sorted({q for q in saves.state_positions if p < q < n})
+        items: list[SaveItem] = []
+        pos = p
+        logits = torch.empty(0)
+        for q in [*cuts, n]:
+            logits = self._run(ids[pos:q], mc, pos)
+            if q < n:
+                items.append(SaveItem(ObjectKind.STATE, q, q, self.adapter.extract_state(mc)))
+            pos = q
+        info.computed_tokens = n - p
+        info.checkpoints = tuple(cuts)
+        info.seconds["compute"] = time.perf_counter() - t
+        info.seconds["ttft"] = time.perf_counter() - t0
+        # Saves (off the first-token path; an engine would do them asynchronously).
+        t = time.perf_counter()
+        kv_next = saves.kv_from - saves.kv_from % self.config.chunk_size
+        items += self._kv_items(mc, kv_next, n, cuts)
+        if self.recorder is not None:
+            items += self.recorder.pages(n)
+        info.saved = self.cache.save(arr, items)
+        info.seconds["save"] = time.perf_counter() - t
+        full_chunks = n - n % self.config.chunk_size
+        return PrefillResult(logits, mc, info, arr, max(kv_next, full_chunks))
+
+    def _kv_items(self, mc: Any, start: int, end: int, cuts: Sequence[int] = ()) -> list[SaveItem]:
+        """KV chunks ``[start, end)`` at multiples of ``chunk_size``, also cut at every
+        checkpoint position: the cache only chains KV chunks that end at or before a match,
+        so a checkpoint at q is usable by a prompt that diverges right after q only if a
+        chunk ends exactly at q."""
+        if not self.adapter.attention or start >= end:
+            return []
+        c = self.config.chunk_size
+        bounds = sorted({*range(start, end, c), *(q for q in cuts if start < q < end), end})
+        return [SaveItem(ObjectKind.KV, s, e, self.adapter.extract_kv(mc, s, e))
+                for s, e in zip(bounds, bounds[1:], strict=False)]
+
+    # ------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode(self, result: PrefillResult, num_tokens: int) -> list[int]:
+        """Greedy continuation: append ``num_tokens`` argmax tokens, each run through the
+        model (so the state covers every returned token). Mutates ``result``."""
+        if result.finished:
+            raise ValueError("decode after finish")
+        out: list[int] = []
+        for _ in range(num_tokens):
+            tok = int(torch.argmax(result.logits))
+            out.append(tok)
+            result.logits = self._run(torch.tensor([tok]), result.model_cache, len(result.tokens))
+            result.tokens.append(tok)
+        return out
+
+    def finish(self, result: PrefillResult) -> SaveResult:
+        """End the request: save the remaining KV chunks, anchor pages and the final state
+        at ``len(result.tokens)`` (kept if admission wants it) via ``cache.finish``."""
+        if result.finished:
+            raise ValueError("finish called twice")
+        result.finished = True
+        n = len(result.tokens)
+        items = self._kv_items(result.model_cache, result.kv_next, n)
+        items.append(SaveItem(ObjectKind.STATE, n, n, self.adapter.extract_state(result.model_cache)))
+        if self.recorder is not None:
+            items += self.recorder.pages(n)
+        return self.cache.finish(result.tokens, items)
+
+    def generate(self, input_ids: Sequence[int] | torch.Tensor, num_tokens: int) -> tuple[list[int], PrefillInfo]:
+        """prefill + greedy decode of ``num_tokens`` + finish; returns the new tokens."""
+        res = self.prefill(input_ids)
+        new = self.decode(res, num_tokens)
+        self.finish(res)
+        return new, res.info
+
+
+def anchor_layout(model: Any, config: HybridConfig, adapter: HFStateAdapter) -> AnchorLayout:
+    """Anchor layout of ``model`` under ``config`` (page, density; at least conv_kernel - 1
+    positions per page so the first conv of each group replays exactly)."""
+    kernel = max((s.kernel for s in adapter.recurrent), default=1)
+    dtype = next(model.parameters()).dtype
+    groups = adapter.geometry.recurrent_groups()
+    rho = config.anchor_density if config.anchor_density > 0 else 1.0 / config.anchor_page_size
+    return AnchorLayout.build(config.anchor_page_size, rho, groups,
+                              adapter.geometry.hidden_size, dtype, min_keep=kernel - 1)
+
+
+def _as_ids(input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.dim() == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(f"batch size 1 only, got input_ids of shape {tuple(ids.shape)}")
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(f"input_ids must be a non-empty 1-D sequence, got shape {tuple(ids.shape)}")
+    return ids.cpu()

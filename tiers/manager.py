@@ -309,18 +309,15 @@ class TierManager(ObjectStore):
                 if top is None:
                     return
                 src = data if data.device.type == "cpu" else data.cpu()
-                if self._place_above(top, i, key, src):
+                # Take it out first so the cascade of demotions below can use its room.
+                tier.remove([key])
+                if self._place(top, key, src):
                     self.mstats.promotions[key.kind.value] += 1
+                else:  # nowhere to go any more (pinned pools): report, never silent
+                    self.mstats.drops[key.kind.value] += 1
+                    self._pending().append(key)
         finally:
             self._flush_drops()
-
-    def _place_above(self, top: int, i: int, key: ObjectKey, payload: torch.Tensor) -> bool:
-        n = nbytes_of(payload)
-        t = self.tiers[top]
-        if not (self._make_room(top, key.kind, n, key) and t.put([(key, payload)])[0]):
-            return False
-        self.tiers[i].remove([key])
-        return True
 
     def _read_one(self, key: ObjectKey, out: torch.Tensor | None) -> torch.Tensor | None:
         started = self._start_read(key)

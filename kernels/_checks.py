@@ -51,9 +51,22 @@ def index_tensor(
         if lo < 0 or hi >= upper:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} holds {bad}, outside the valid range [0, {upper})")
-        if unique and torch.unique(host).numel() != host.numel():
+        # strictly increasing (the usual case) proves uniqueness without a sort
+        if unique and not bool((host[1:] > host[:-1]).all()) and torch.unique(host).numel() != host.numel():
             raise ValueError(f"{name} holds repeated indices; each target must appear once")
-    return host.to(device)
+    return to_device(host, device)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Move a small host tensor to ``device`` without blocking the host.
+
+    A plain ``.to("cuda")`` from pageable memory waits for the current stream to
+    drain; staging through pinned memory keeps kernel launches asynchronous (the
+    pinned block is recycled only after the copy ran).
+    """
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def require_float(t: torch.Tensor, name: str) -> None:

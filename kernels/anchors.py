@@ -163,11 +163,25 @@ def pack_torch(a: PackArgs) -> None:
     out.copy_(q)
 
 
+_E4M3_LUT: dict[torch.device, torch.Tensor] = {}
+
+
+def _e4m3_to_f32(data: torch.Tensor) -> torch.Tensor:
+    """Decode e4m3 through a 256-entry table: bit-identical to ``.float()`` and about
+    3x faster on CPU, where torch's fp8 cast is scalar code."""
+    lut = _E4M3_LUT.get(data.device)
+    if lut is None:
+        codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+        lut = _E4M3_LUT.setdefault(data.device, codes.view(torch.float8_e4m3fn).float().to(data.device))
+    flat = data.reshape(-1).view(torch.uint8).to(torch.int32)
+    return torch.index_select(lut, 0, flat).view(data.shape)
+
+
 def unpack_torch(a: UnpackArgs) -> None:
     if a.scale is None and a.data.dtype == a.dst.dtype:
         a.dst.index_copy_(0, a.positions, a.data)
         return
-    vals = a.data.to(torch.float32)
+    vals = _e4m3_to_f32(a.data) if a.data.dtype == torch.float8_e4m3fn else a.data.to(torch.float32)
     if a.scale is not None:
         vals = vals * a.scale.unsqueeze(1)
     a.dst.index_copy_(0, a.positions, vals.to(a.dst.dtype))

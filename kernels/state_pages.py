@@ -16,14 +16,20 @@ before writing anything. Only the destination pages are written.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from ._checks import IndexLike, index_tensor, require_inner_contiguous, require_same_device
-from ._grid import block, grid
+from ._checks import (
+    IndexLike,
+    index_tensor,
+    require_inner_contiguous,
+    require_same_device,
+    to_device,
+)
+from ._grid import block, grid, vector_width
 from ._launch import Launcher, i64, ptr
 
 #: Pages are split into chunks of this many bytes so a few large pages still spread
@@ -35,8 +41,9 @@ CHUNK_BYTES = 64 * 1024
 class StateArgs:
     src: list[torch.Tensor]
     dst: list[torch.Tensor]
-    src_slots: torch.Tensor
+    src_slots: torch.Tensor  # on the tensors' device
     dst_slots: torch.Tensor
+    table: torch.Tensor  # host int64 [n_tensors, 5], see state_pages.cu
 
 
 def _as_list(t: torch.Tensor | Sequence[torch.Tensor], name: str) -> list[torch.Tensor]:
@@ -50,28 +57,39 @@ def _page_bytes(t: torch.Tensor) -> int:
     return t.shape[1:].numel() * t.element_size()
 
 
-def _ranges(t: torch.Tensor, slots: torch.Tensor) -> list[tuple[int, int, bool]]:
-    size = _page_bytes(t)
-    step = t.stride(0) * t.element_size()
-    base = t.data_ptr()
-    return [(base + s * step, base + s * step + size, False) for s in slots.tolist()]
+def _table(src: list[torch.Tensor], dst: list[torch.Tensor]) -> torch.Tensor:
+    rows = [
+        (s.data_ptr(), d.data_ptr(), s.stride(0) * s.element_size(), d.stride(0) * d.element_size(), _page_bytes(s))
+        for s, d in zip(src, dst, strict=True)
+    ]
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 5)
 
 
-def _check_overlap(a: StateArgs) -> None:
-    reads: list[tuple[int, int, bool]] = []
-    writes: list[tuple[int, int, bool]] = []
-    for s, d in zip(a.src, a.dst, strict=True):
-        reads += _ranges(s, a.src_slots)
-        writes += _ranges(d, a.dst_slots)
-    writes.sort()
-    for (_, end, _), (start, _, _) in zip(writes, writes[1:], strict=False):
-        if start < end:
-            raise ValueError("destination pages overlap each other in memory")
-    starts = [w[0] for w in writes]
-    for lo, hi, _ in reads:
-        k = bisect.bisect_left(starts, hi)  # writes starting before this read ends
-        if k and writes[k - 1][1] > lo:
-            raise ValueError("a destination page overlaps a source page in memory")
+def _check_overlap(table: torch.Tensor, s_ids: torch.Tensor, d_ids: torch.Tensor) -> None:
+    """Reject destination byte ranges that overlap each other or any source range."""
+    if s_ids.numel() == 0:
+        return
+    # numpy: a few hundred ranges, where torch's per-op overhead dominates
+    tab, src, dst = table.numpy(), s_ids.numpy(), d_ids.numpy()
+    size = tab[:, 4:5]
+    w_lo = (tab[:, 1:2] + dst[None, :] * tab[:, 3:4]).ravel()
+    w_hi = w_lo + np.broadcast_to(size, (tab.shape[0], dst.size)).ravel()
+    order = np.argsort(w_lo, kind="stable")
+    w_lo, w_hi = w_lo[order], w_hi[order]
+    keep = w_hi > w_lo
+    w_lo, w_hi = w_lo[keep], w_hi[keep]
+    if w_lo.size == 0:
+        return
+    if bool((w_lo[1:] < w_hi[:-1]).any()):
+        raise ValueError("destination pages overlap each other in memory")
+    r_lo = (tab[:, 0:1] + src[None, :] * tab[:, 2:3]).ravel()
+    r_hi = r_lo + np.broadcast_to(size, (tab.shape[0], src.size)).ravel()
+    # sorted, disjoint writes: the last write starting before a read ends is the only
+    # candidate for overlapping it
+    k = np.searchsorted(w_lo, r_hi, side="left")
+    cand = np.maximum(k - 1, 0)
+    if bool(((k > 0) & (w_hi[cand] > r_lo) & (r_hi > r_lo)).any()):
+        raise ValueError("a destination page overlaps a source page in memory")
 
 
 def prepare(
@@ -96,15 +114,15 @@ def prepare(
             require_inner_contiguous(s, f"src[{i}]", s.dim() - 1)
             require_inner_contiguous(d, f"dst[{i}]", d.dim() - 1)
         require_same_device(("src[0]", s_list[0]), (f"src[{i}]", s), (f"dst[{i}]", d))
-    device = s_list[0].device
-    s_ids = index_tensor(src_slots, "src_slots", upper=min(t.shape[0] for t in s_list), device=torch.device("cpu"), unique=False)
-    d_ids = index_tensor(dst_slots, "dst_slots", upper=min(t.shape[0] for t in d_list), device=torch.device("cpu"), unique=True)
+    cpu = torch.device("cpu")
+    s_ids = index_tensor(src_slots, "src_slots", upper=min(t.shape[0] for t in s_list), device=cpu, unique=False)
+    d_ids = index_tensor(dst_slots, "dst_slots", upper=min(t.shape[0] for t in d_list), device=cpu, unique=True)
     if s_ids.numel() != d_ids.numel():
         raise ValueError(f"{s_ids.numel()} source slots for {d_ids.numel()} destination slots")
-    args = StateArgs(s_list, d_list, s_ids, d_ids)
-    _check_overlap(args)
-    args.src_slots, args.dst_slots = s_ids.to(device), d_ids.to(device)
-    return args
+    table = _table(s_list, d_list)
+    _check_overlap(table, s_ids, d_ids)
+    device = s_list[0].device
+    return StateArgs(s_list, d_list, to_device(s_ids, device), to_device(d_ids, device), table)
 
 
 def copy_torch(a: StateArgs) -> None:
@@ -112,43 +130,21 @@ def copy_torch(a: StateArgs) -> None:
         d.index_copy_(0, a.dst_slots, s.index_select(0, a.src_slots))
 
 
-def descriptors(a: StateArgs) -> torch.Tensor:
-    """``[N, 3]`` int64 host tensor of (src address, dst address, bytes) chunks."""
-    s_slots, d_slots = a.src_slots.cpu(), a.dst_slots.cpu()
-    parts = []
-    for s, d in zip(a.src, a.dst, strict=True):
-        page = _page_bytes(s)
-        if page == 0 or s_slots.numel() == 0:
-            continue
-        es = s.element_size()
-        src_addr = s.data_ptr() + s_slots * (s.stride(0) * es)
-        dst_addr = d.data_ptr() + d_slots * (d.stride(0) * es)
-        offs = torch.arange(0, page, CHUNK_BYTES, dtype=torch.int64)
-        sizes = (page - offs).clamp_(max=CHUNK_BYTES)
-        desc = torch.stack(
-            torch.broadcast_tensors(
-                src_addr[:, None] + offs[None, :], dst_addr[:, None] + offs[None, :], sizes[None, :]
-            ),
-            dim=-1,
-        )
-        parts.append(desc.reshape(-1, 3))
-    if not parts:
-        return torch.empty((0, 3), dtype=torch.int64)
-    return torch.cat(parts)
-
-
 def copy_cuda(launcher: Launcher, a: StateArgs) -> None:
-    desc = descriptors(a)
-    n = desc.shape[0]
-    if n == 0:
+    n_pairs = a.src_slots.numel()
+    max_page = int(a.table[:, 4].max())
+    if n_pairs == 0 or max_page == 0:
         return
-    width = 16 if bool((desc % 16 == 0).all()) else 1
-    dev_desc = desc.to(a.src[0].device)
+    chunks = -(-max_page // CHUNK_BYTES)
+    width = vector_width(*a.table.flatten().tolist())
+    table = to_device(a.table, a.src[0].device)
+    n_tensors = a.table.shape[0]
     launcher.launch(
         "state_pages",
-        f"hc_copy_ranges_v{width}",
-        grid(n),
-        block(min(CHUNK_BYTES, int(desc[:, 2].max())) // width),
-        [ptr(dev_desc), i64(n)],
+        f"hc_copy_pages_v{width}",
+        grid(n_tensors * n_pairs * chunks),
+        block(min(max_page, CHUNK_BYTES) // width),
+        [ptr(table), i64(n_tensors), ptr(a.src_slots), ptr(a.dst_slots), i64(n_pairs), i64(chunks),
+         i64(CHUNK_BYTES)],
         a.src[0].device,
     )

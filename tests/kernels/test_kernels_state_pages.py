@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.state_pages import CHUNK_BYTES, descriptors, prepare
+from kernels.state_pages import CHUNK_BYTES, prepare
 
 
 def _layer_states(slots: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,13 +66,15 @@ def test_empty_slot_lists() -> None:
     assert torch.equal(conv, before)
 
 
-def test_descriptors_split_large_pages() -> None:
-    big = torch.zeros(3, CHUNK_BYTES // 4 + 5)  # one page = 64 KiB + 20 bytes
-    desc = descriptors(prepare(big, big, [0], [2]))
-    assert desc.shape == (2, 3)
-    assert desc[:, 2].tolist() == [CHUNK_BYTES, 20]
-    assert int(desc[1, 0] - desc[0, 0]) == CHUNK_BYTES
-    assert int(desc[0, 1] - desc[0, 0]) == 2 * big.stride(0) * 4
+def test_page_table_rows() -> None:
+    conv, ssm = _layer_states(5, 0)
+    stage = torch.empty(2, 2, 4, 5)
+    a = prepare([conv, ssm], [conv, stage], [2, 3], [0, 1])
+    assert a.table.tolist() == [
+        [conv.data_ptr(), conv.data_ptr(), conv.stride(0) * 4, conv.stride(0) * 4, 120],
+        [ssm.data_ptr(), stage.data_ptr(), ssm.stride(0) * 4, 160, 160],
+    ]
+    assert CHUNK_BYTES % 16 == 0
 
 
 @pytest.mark.parametrize(

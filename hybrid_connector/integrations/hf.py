@@ -141,22 +141,28 @@ class HFRuntime:
     def _run(self, ids: torch.Tensor, mc: Any, start: int) -> torch.Tensor:
         """Run tokens ``ids`` ``[n]`` at absolute positions ``[start, start + n)`` into
         model cache ``mc``; return the last position's logits ``[vocab]``."""
+        return self.run_tokens(ids, mc, start, all_logits=False)[-1]
+
+    @torch.no_grad()
+    def run_tokens(self, ids: torch.Tensor, mc: Any, start: int, all_logits: bool = True) -> torch.Tensor:
+        """Run ``ids`` ``[n]`` at absolute positions ``[start, start + n)`` into model cache
+        ``mc`` (mutated); return fp32 logits ``[n, vocab]`` (``[1, vocab]``, the last
+        position, when ``all_logits`` is False). Anchors are captured when enabled."""
         n = int(ids.numel())
         if n == 0:
             raise ValueError("nothing to run")
         if self.stepwise_resume and start > 0 and n > 1:
-            logits = torch.empty(0)
-            for j in range(n):
-                logits = self._run(ids[j : j + 1], mc, start + j)
-            return logits
+            rows = [self.run_tokens(ids[j : j + 1], mc, start + j, all_logits) for j in range(n)]
+            return torch.cat(rows) if all_logits else rows[-1]
         device = next(self.model.parameters()).device
         pos = torch.arange(start, start + n, device=device).unsqueeze(0)
         if self.recorder is not None:
             self.recorder.start_at(start)
-        kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep and not all_logits else {}
         out = self.model(input_ids=ids.to(device).unsqueeze(0), past_key_values=mc,
                          position_ids=pos, use_cache=True, **kw)
-        return out.logits[0, -1].float()
+        logits: torch.Tensor = out.logits[0].float()
+        return logits if all_logits else logits[-1:]
 
     # ------------------------------------------------------------------ lookup
     def _lookup_exact(self, arr: Sequence[int]) -> LoadPlan:

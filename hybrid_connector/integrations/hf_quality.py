@@ -1,0 +1,181 @@
+"""Replay quality on a real transformers model: restore+replay vs full prefill.
+
+:func:`measure_replay` prefills ``tokens[:p]`` once (capturing anchors and the KV), then for
+each budget k rebuilds the recurrent state at p from the last k anchors
+(:func:`hybrid_connector.replay.replay_states`), runs ``tokens[p:]`` and compares with the
+full prefill: KL(full || replay) of the next-token distribution at every suffix position,
+top-1 agreement there, and a greedy continuation of ``continuation`` tokens (fraction
+identical up to the first divergence). :func:`calibrate_gate` records such measurements in
+a :class:`~hybrid_connector.replay.ReplayGate`.
+
+``python -m hybrid_connector.integrations.hf_quality`` prints the sweep for the tiny
+configs, with random-init decay and with long-memory decay (see ``long_memory_``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hybrid_connector.integrations.hf_anchors import AnchorRecorder
+from hybrid_connector.integrations.hf_state import new_model_cache
+from hybrid_connector.replay import (
+    ReplayGate,
+    ReplayQuality,
+    gather_anchors,
+    next_token_kl,
+    replay_states,
+)
+
+if TYPE_CHECKING:
+    from hybrid_connector.integrations.hf import HFRuntime
+
+
+@torch.no_grad()
+def _greedy(rt: HFRuntime, mc: Any, last: torch.Tensor, start: int, n: int) -> list[int]:
+    out = []
+    logits = last
+    for i in range(n):
+        tok = int(torch.argmax(logits))
+        out.append(tok)
+        if i + 1 < n:
+            logits = rt.run_tokens(torch.tensor([tok]), mc, start + i, all_logits=False)[-1]
+    return out
+
+
+@torch.no_grad()
+def measure_replay(rt: HFRuntime, tokens: Sequence[int], p: int, ks: Sequence[int],
+                   continuation: int = 32) -> list[ReplayQuality]:
+    """Quality of replaying the last k anchors before p, for each k in ``ks``.
+
+    ``p`` must be a multiple of the anchor page and ``0 < p < len(tokens)``. Uses the
+    runtime's model, adapter and anchor layout; leaves its HybridCache untouched.
+    """
+    ids = torch.as_tensor(list(tokens), dtype=torch.long)
+    n, page = int(ids.numel()), rt.layout.page
+    if not 0 < p < n or p % page:
+        raise ValueError(f"p={p} must be a multiple of the anchor page {page} in (0, {n})")
+    own = rt.recorder
+    rec = AnchorRecorder(rt.model, rt.layout).attach()
+    rt.recorder = rec
+    try:
+        mc = new_model_cache(rt.model)
+        rt.run_tokens(ids[:p], mc, 0, all_logits=False)
+        pages = rec.pages(p)
+        rec.start_at(0, enabled=False)
+        kv = rt.adapter.extract_kv(mc, 0, p) if rt.adapter.attention else None
+        ref = rt.run_tokens(ids[p:], mc, p)
+        ref_cont = _greedy(rt, mc, ref[-1], n, continuation)
+        hidden, pos = gather_anchors(rt.layout, [it.payload for it in pages], [it.start for it in pages])
+        out = []
+        for k in ks:
+            test = rt.adapter.restore([kv] if kv is not None else [], [(0, p)] if kv is not None else [],
+                                      p, None)
+            rt.adapter.set_states(test, replay_states(rt.model, rt.adapter, rt.layout, hidden, pos, k))
+            got = rt.run_tokens(ids[p:], test, p)
+            cont = _greedy(rt, test, got[-1], n, continuation)
+            kl = next_token_kl(ref, got)
+            same = next((i for i, (a, b) in enumerate(zip(ref_cont, cont, strict=True)) if a != b),
+                        continuation)
+            out.append(ReplayQuality(
+                k=min(k, int(pos.numel())), kl_mean=float(kl.mean()), kl_max=float(kl.max()),
+                top1=float((ref.argmax(-1) == got.argmax(-1)).float().mean()),
+                continuation=same / continuation if continuation else 1.0,
+                continuation_len=continuation))
+        return out
+    finally:
+        rec.detach()
+        rt.recorder = own
+
+
+def calibrate_gate(rt: HFRuntime, gate: ReplayGate, prompts: Sequence[Sequence[int]],
+                   positions: Sequence[int], ks: Sequence[int], continuation: int = 32) -> ReplayGate:
+    """Measure every (prompt, p, k) and record it in ``gate`` (mutated, returned)."""
+    for tokens in prompts:
+        for p in positions:
+            for q in measure_replay(rt, tokens, p, ks, continuation):
+                gate.record(q)
+    return gate
+
+
+# --------------------------------------------------------------------------- test models
+
+
+@torch.no_grad()
+def long_memory_(model: Any, decay_per_token: float = 0.9975) -> Any:
+    """Make every recurrent layer of a random-weight model remember hundreds of tokens
+    (in place; returns the model). Random init forgets within a few tokens (Mamba A in
+    [1, 16], GDN erase gate beta ~ 0.5), which would make replay look perfect.
+
+    Sets A = -exp(A_log) and the dt bias so that exp(A * softplus(dt_bias)) is about
+    ``decay_per_token``; for Gated DeltaNet also biases the erase gate beta = sigmoid(b) to
+    about 0.02 (Qwen3.5's ``in_proj_b`` gets a bias; Qwen3-Next's fused ``in_proj_ba`` is
+    left alone, its beta stays ~0.5 and it still forgets faster: reported, not tuned)."""
+    dt = 0.125
+    a = -math.log(decay_per_token) / dt
+    dt_raw = math.log(math.expm1(dt))  # softplus^-1
+    for mod in model.modules():
+        a_log = getattr(mod, "A_log", None)
+        if isinstance(a_log, torch.nn.Parameter):
+            a_log.fill_(math.log(a))
+            bias = getattr(mod, "dt_bias", None)
+            if isinstance(bias, torch.nn.Parameter):
+                bias.fill_(dt_raw)
+            dt_proj = getattr(mod, "dt_proj", None)
+            if isinstance(dt_proj, torch.nn.Linear) and dt_proj.bias is not None:
+                dt_proj.bias.fill_(dt_raw)
+                dt_proj.weight.mul_(0.1)
+            in_b = getattr(mod, "in_proj_b", None)
+            if isinstance(in_b, torch.nn.Linear) and in_b.bias is None:
+                new = torch.nn.Linear(in_b.in_features, in_b.out_features, bias=True,
+                                      dtype=in_b.weight.dtype, device=in_b.weight.device)
+                new.weight.copy_(in_b.weight * 0.1)
+                new.bias.fill_(-4.0)
+                mod.in_proj_b = new
+    return model
+
+
+def _main() -> None:
+    from transformers import AutoModelForCausalLM
+
+    from hybrid_connector.config import load_config
+    from hybrid_connector.integrations.hf import HFRuntime
+    from hybrid_connector.keys import ObjectKind
+    from hybrid_connector.model_presets import TINY_ARCHS, tiny_hf_config
+    from tiers.memory import MemoryStore
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--archs", nargs="*", default=list(TINY_ARCHS))
+    ap.add_argument("--tokens", type=int, default=448)
+    ap.add_argument("--p", type=int, default=384)
+    ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--density", type=float, default=1.0)
+    ap.add_argument("--ks", type=int, nargs="*", default=[8, 32, 128, 384])
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    conf = load_config(overrides={"anchor_page_size": args.page, "anchor_density": args.density,
+                                  "chunk_size": 64, "alignment": 1}, environ={})
+    print(f"tokens={args.tokens} p={args.p} page={args.page} rho={args.density}")
+    print(f"{'arch':18s} {'memory':8s} {'k':>5s} {'KL mean':>10s} {'KL max':>10s} {'top1':>6s} {'cont32':>6s}")
+    for arch in args.archs:
+        for memory in ("random", "long"):
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(tiny_hf_config(arch)).eval()
+            if memory == "long":
+                long_memory_(model)
+            rt = HFRuntime.create(model, conf, MemoryStore({k: 1 << 30 for k in ObjectKind}),
+                                  anchors=False)
+            g = torch.Generator().manual_seed(1)
+            toks = torch.randint(0, model.config.vocab_size, (args.tokens,), generator=g).tolist()
+            for q in measure_replay(rt, toks, args.p, args.ks):
+                print(f"{arch:18s} {memory:8s} {q.k:5d} {q.kl_mean:10.2e} {q.kl_max:10.2e} "
+                      f"{q.top1:6.3f} {q.continuation:6.3f}")
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,66 @@
+"""Exactness after the objects went through every tier: device -> host -> nvme (demotion)
+and back (promotion on the hit), with the real TierManager and tiers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import ARCHS, random_tokens, reference, runtime, tiny_model
+
+from hybrid_connector.keys import ObjectKind
+from tiers.device import DeviceTier
+from tiers.host import HostTier
+from tiers.manager import TierManager
+from tiers.nvme import NvmeTier
+
+
+def _budgets(state: int, kv: int, anchor: int) -> dict[ObjectKind, int]:
+    return {ObjectKind.STATE: state, ObjectKind.KV: kv, ObjectKind.ANCHOR: anchor}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
+    model = tiny_model(arch)
+    probe = runtime(model)
+    state_b, kv_b = probe.adapter.state_nbytes(), probe.adapter.kv_nbytes(16)
+    probe.close()
+    # Device and host hold about one state and a few KV chunks: everything older is pushed
+    # down to nvme as later requests save.
+    small = _budgets(state_b + 64, 3 * kv_b + 64, 1 << 16)
+    store = TierManager([
+        DeviceTier(small, device="cpu"),
+        HostTier(small),
+        NvmeTier(tmp_path / "nvme", _budgets(1 << 24, 1 << 24, 1 << 24), fsync=False),
+    ])
+    rt = runtime(model, store=store)
+    vocab = model.config.vocab_size
+    prefix = random_tokens(70, vocab, 11)
+    for seed in (12, 13):  # the second request creates the checkpoint at the branch (70)
+        r = rt.prefill(prefix + random_tokens(30, vocab, seed))
+        rt.decode(r, 4)
+        rt.finish(r)
+    for seed in (14, 15, 16):  # unrelated traffic: demotes the branch's objects further
+        r = rt.prefill(random_tokens(60, vocab, seed))
+        rt.finish(r)
+
+    probe_tokens = prefix + random_tokens(21, vocab, 17)
+    plan = rt.cache.lookup(probe_tokens)
+    assert plan.num_tokens == 70 and plan.exact
+    tiers = {o.tier for o in plan.objects}
+    assert "nvme" in tiers, f"expected objects demoted to nvme, got {tiers}"
+    # Puts land in the device tier; only demotion (device -> host -> nvme) reaches nvme.
+    assert sum(store.mstats.demotions.values()) > 0
+
+    rc = rt.prefill(probe_tokens)
+    assert rc.info.hit_tokens == 70 and rc.info.exact
+    ref_logits, ref_new = reference(model, probe_tokens, 16)
+    assert (rc.logits - ref_logits).abs().max().item() <= 1e-4
+    assert rt.decode(rc, 16) == ref_new
+    rt.finish(rc)
+    # The hit promoted what it read back to the top tier.
+    assert set(store.where([o.ref.key for o in plan.objects])) <= {"device", "host", "nvme"}
+    assert sum(store.mstats.promotions.values()) > 0
+    rt.cache.check_integrity()
+    rt.close()
+    store.close()

@@ -143,7 +143,8 @@ class HybridCache:
             replay = self._replay_candidate(nodes, min(limit, reach), align, best_p)
             if replay is not None:
                 p, anchors = replay
-                return self._plan(arr, chain, p, None, anchors, reach, m.length, best_node)
+                holder = next(n for n in nodes if n.start < p <= n.depth)
+                return self._plan(arr, chain, p, None, anchors, reach, m.length, holder)
             if best_p == 0:
                 return LoadPlan(0, True, kv_tokens=reach, matched_tokens=m.length,
                                 prompt_tokens=int(arr.size))

@@ -37,6 +37,7 @@ __all__ = [
     "scatter_kv_blocks",
     "torch_only",
     "unpack_anchors",
+    "use_launcher",
 ]
 
 _local = threading.local()
@@ -53,9 +54,27 @@ def torch_only() -> Iterator[None]:
         _local.torch_only = prev
 
 
+@contextmanager
+def use_launcher(launcher: Launcher) -> Iterator[None]:
+    """Within this block (this thread only), run the kernels through ``launcher`` for
+    tensors on any device. For tests and debugging: e.g. a launcher that executes the
+    ``.cu`` sources on the host, which makes the CUDA path checkable without a GPU."""
+    prev = getattr(_local, "launcher", None)
+    _local.launcher = launcher
+    try:
+        yield
+    finally:
+        _local.launcher = prev
+
+
 def _launcher_for(t: torch.Tensor) -> Launcher | None:
     """The single dispatch decision: a kernel launcher, or ``None`` for torch."""
-    if t.device.type != "cuda" or getattr(_local, "torch_only", False):
+    if getattr(_local, "torch_only", False):
+        return None
+    forced: Launcher | None = getattr(_local, "launcher", None)
+    if forced is not None:
+        return forced
+    if t.device.type != "cuda":
         return None
     return cuda_launcher()
 

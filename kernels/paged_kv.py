@@ -5,8 +5,14 @@ vLLM (checked against ``vllm/v1/attention/backends/flash_attn.py`` and
 its logical shape; its physical order may differ (``get_kv_cache_stride_order``: the
 HND layout swaps ``block_size`` and ``num_kv_heads`` in memory). Two logical layouts:
 
-* ``"flash_attn"``: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (K/V first)
-* ``"flashinfer"``: ``[num_blocks, 2, block_size, num_kv_heads, head_size]`` (blocks first)
+* ``"kv_first"`` (alias ``"flash_attn"``):
+  ``[2, num_blocks, block_size, num_kv_heads, head_size]``
+* ``"blocks_first"`` (alias ``"flashinfer"``):
+  ``[num_blocks, 2, block_size, num_kv_heads, head_size]``
+
+Backends move between the two across vLLM releases, so an integration should not
+hard-code the alias: ``layout_for_backend(backend.get_kv_cache_shape)`` finds it the
+way vLLM itself does (a sentinel ``num_blocks``).
 
 Any strides are accepted as long as ``head_size`` is dense, so NHD and HND views work
 unchanged. The chunk buffer is always dense
@@ -21,6 +27,7 @@ moved as raw bytes: any dtype (bf16, fp16, fp8 or uint8 fp8 caches) is bit-exact
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +37,22 @@ from ._grid import block, grid, vector_width
 from ._launch import Launcher, i64, ptr
 
 #: layout name -> dim of the K/V axis (the block axis is the other of dims 0 and 1).
-KV_DIM = {"flash_attn": 0, "flashinfer": 1}
+KV_DIM = {"kv_first": 0, "blocks_first": 1, "flash_attn": 0, "flashinfer": 1}
+
+_SENTINEL_BLOCKS = 1234567
+
+
+def layout_for_backend(get_kv_cache_shape: Callable[..., tuple[int, ...]]) -> str:
+    """``"kv_first"`` or ``"blocks_first"`` for a vLLM backend's ``get_kv_cache_shape``.
+
+    Raises ``ValueError`` for shapes this module cannot move (e.g. MLA's 3-D cache).
+    """
+    shape = tuple(get_kv_cache_shape(_SENTINEL_BLOCKS, 16, 1, 64))
+    if len(shape) == 5 and shape[:2] == (2, _SENTINEL_BLOCKS):
+        return "kv_first"
+    if len(shape) == 5 and shape[:2] == (_SENTINEL_BLOCKS, 2):
+        return "blocks_first"
+    raise ValueError(f"unsupported paged KV shape {shape} (need a K/V axis of 2 next to the block axis)")
 
 
 @dataclass

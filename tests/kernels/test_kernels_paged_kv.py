@@ -9,7 +9,7 @@ import torch
 from kernels_reference import ref_kv_gather, ref_kv_scatter
 
 import kernels
-from kernels.paged_kv import buffer_shape
+from kernels.paged_kv import buffer_shape, layout_for_backend
 
 
 def _cache(layout: str, nb: int, bs: int, h: int, d: int, dtype: torch.dtype, hnd: bool, seed: int) -> torch.Tensor:
@@ -112,3 +112,15 @@ def test_bad_input_raises_value_error(call, match: str) -> None:  # type: ignore
     with pytest.raises(ValueError, match=match):
         call(cache, buf)
     assert torch.equal(cache, before)
+
+
+def test_layout_for_backend_and_aliases() -> None:
+    assert layout_for_backend(lambda nb, bs, h, d: (2, nb, bs, h, d)) == "kv_first"
+    assert layout_for_backend(lambda nb, bs, h, d: (nb, 2, bs, h, d)) == "blocks_first"
+    with pytest.raises(ValueError, match="unsupported"):
+        layout_for_backend(lambda nb, bs, h, d: (nb, bs, d))  # MLA
+    cache = _cache("flashinfer", 4, 16, 2, 8, torch.bfloat16, True, 0)
+    assert torch.equal(
+        kernels.gather_kv_blocks(cache, [3, 1], layout="blocks_first"),
+        kernels.gather_kv_blocks(cache, [3, 1], layout="flashinfer"),
+    )

@@ -1,0 +1,98 @@
+"""Suffix replay on real models: exact with the full window, error shrinking with k on
+long-memory models, labelled approximate hits, and the quality gate."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ARCHS, config, random_tokens, runtime, tiny_model
+
+from hybrid_connector.integrations.hf_quality import calibrate_gate, measure_replay
+from hybrid_connector.replay import ReplayGate, ReplayQuality
+
+PAGE = 16
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_replay_of_whole_prefix_is_exact(arch: str) -> None:
+    """Dense anchors over [0, p) replayed from a zero state are the states of a full
+    prefill (state at 0 is zero): replay itself adds no error."""
+    model = tiny_model(arch, long_memory=True)
+    rt = runtime(model, config(anchor_page_size=PAGE, anchor_density=1.0), anchors=False)
+    toks = random_tokens(80, model.config.vocab_size, 3)
+    (q,) = measure_replay(rt, toks, 64, [64], continuation=8)
+    assert q.k == 64
+    assert q.kl_max < 1e-9 and q.top1 == 1.0 and q.continuation == 1.0
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "bamba", "jamba", "nemotron_h"])
+def test_error_shrinks_as_k_grows(arch: str) -> None:
+    model = tiny_model(arch, long_memory=True)
+    rt = runtime(model, config(anchor_page_size=PAGE, anchor_density=1.0), anchors=False)
+    toks = random_tokens(224, model.config.vocab_size, 5)
+    qs = measure_replay(rt, toks, 192, [4, 16, 64, 192], continuation=8)
+    kls = [q.kl_mean for q in qs]
+    assert kls[0] > 0.0, "long-memory model should not replay exactly from 4 anchors"
+    for a, b in zip(kls, kls[1:], strict=False):
+        assert b <= a * 1.05 + 1e-12, f"KL does not shrink with k: {kls}"
+    assert kls[0] > kls[-2] > kls[-1] and kls[-1] < 1e-9
+
+
+def _two_requests(arch: str, gate: ReplayGate | None) -> tuple[object, object]:
+    """Request A leaves KV + anchors (its final state is at 200); request B shares A's
+    first 160 tokens: no checkpoint there, so only replay can hit."""
+    model = tiny_model(arch, long_memory=True)
+    conf = config(replay=True, anchor_page_size=PAGE, anchor_density=0.25, chunk_size=32,
+                  replay_budget_frac=0.2)
+    rt = runtime(model, conf, gate=gate)
+    vocab = model.config.vocab_size
+    a = random_tokens(200, vocab, 8)
+    ra = rt.prefill(a)
+    rt.finish(ra)
+    b = a[:160] + random_tokens(40, vocab, 9)
+    rb = rt.prefill(b)
+    rt.finish(rb)
+    rt.cache.check_integrity()
+    return rt, rb
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "bamba"])
+def test_gate_admits_calibrated_replay_and_labels_it(arch: str) -> None:
+    gate = ReplayGate(max_kl=1.0, min_top1=0.0)
+    # The cache's window at p=160 with frac 0.2 is 2 pages of 4 kept anchors each: k = 8.
+    gate.record(ReplayQuality(k=8, kl_mean=0.0, kl_max=0.0, top1=1.0, continuation=1.0,
+                              continuation_len=32))
+    rt, rb = _two_requests(arch, gate)
+    info = rb.info  # type: ignore[attr-defined]
+    assert info.hit_tokens == 160 and info.replayed and not info.exact
+    assert info.replay_anchors == 8 and not info.gate_rejected
+    assert rt.cache.stats.approx_hits == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "bamba"])
+def test_gate_rejects_replay_below_threshold(arch: str) -> None:
+    model = tiny_model(arch, long_memory=True)
+    conf = config(anchor_page_size=PAGE, anchor_density=0.25)
+    rt = runtime(model, conf, anchors=False)
+    toks = random_tokens(192, model.config.vocab_size, 8)
+    # Calibrate with a threshold the measured replay misses, and one it meets.
+    measured = measure_replay(rt, toks, 160, [8], continuation=8)[0]
+    assert measured.kl_mean > 0
+    strict = calibrate_gate(rt, ReplayGate(max_kl=measured.kl_mean / 2, min_top1=0.0),
+                            [toks], [160], [8], continuation=8)
+    lenient = calibrate_gate(rt, ReplayGate(max_kl=measured.kl_mean * 2, min_top1=0.0),
+                             [toks], [160], [8], continuation=8)
+    assert not strict.admits(8) and lenient.admits(8) and lenient.admits(64)
+    assert not lenient.admits(4)  # never measured at or below 4
+
+    rt2, rb = _two_requests(arch, strict)
+    info = rb.info  # type: ignore[attr-defined]
+    assert info.gate_rejected and not info.replayed and info.exact
+    assert info.hit_tokens == 0  # no checkpoint at or before 160: falls back to a miss
+    assert rt2.cache.stats.approx_hits == 0  # type: ignore[attr-defined]
+
+
+def test_uncalibrated_gate_rejects_everything() -> None:
+    gate = ReplayGate(max_kl=1.0, min_top1=0.0)
+    assert not gate.admits(10_000)
+    rt, rb = _two_requests("qwen3_5", None)
+    assert rb.info.gate_rejected and rb.info.exact  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,6 +79,7 @@ class Lease:
     kv_node: int
     state_node: int
     anchor_nodes: tuple[int, ...]
+    keys: tuple[ObjectKey, ...] = ()
 
 
 class HybridCache:
@@ -113,6 +115,7 @@ class HybridCache:
         self._clock = 0.0
         self._lock = threading.RLock()
         self._where: dict[ObjectKey, int] = {}  # key -> node id holding its ref
+        self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hc-load")
         store.set_drop_listener(self._on_store_drop)
         store.set_demotion_filter(self._merits_demotion)
 
@@ -287,10 +290,12 @@ class HybridCache:
             anchor_nodes = tuple(sorted({self._where[o.ref.key] for o in plan.anchors}))
             for nid in anchor_nodes:
                 self.tree.lock_anchors(self._node(nid))
+            keys = tuple(o.ref.key for o in plan.objects)
+            self.store.pin(keys)  # no demotion under an in-flight load
             self._clock += 1
             self.eviction.on_access(self.tree.path_to(node), self._clock)
             node.hits += 1
-            return Lease(kv_node.id, state_node, anchor_nodes)
+            return Lease(kv_node.id, state_node, anchor_nodes, keys)
 
     def _deepest_holder(self, node: Node, p: int) -> Node:
         """The node on ``node``'s path whose edge holds position p (what KV locks pin)."""
@@ -309,6 +314,7 @@ class HybridCache:
                 self.tree.lock_state(self._node(lease.state_node), -1)
             for nid in lease.anchor_nodes:
                 self.tree.lock_anchors(self._node(nid), -1)
+            self.store.unpin(lease.keys)
 
     def _node(self, node_id: int) -> Node:
         node = self.tree.node(node_id)
@@ -336,6 +342,11 @@ class HybridCache:
         state = payloads[n_kv] if plan.state is not None else None
         anchors = tuple(t for t in payloads[n_kv + (1 if plan.state else 0):] if t is not None)
         return LoadResult(plan.num_tokens, plan.exact, kv, state, anchors)
+
+    def load_async(self, plan: LoadPlan) -> Future[LoadResult]:
+        """``load`` on the cache's I/O thread pool, so slow tiers overlap engine work.
+        The plan should be ``acquire``-d until the future completes."""
+        return self._io.submit(self.load, plan)
 
     # ------------------------------------------------------------------ save
     def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem]) -> SaveResult:
@@ -552,4 +563,6 @@ class HybridCache:
                 raise IntegrityError(f"{len(self._where) - seen} indexed keys are not in the tree")
 
     def close(self) -> None:
+        """Wait for in-flight async loads, then close the store."""
+        self._io.shutdown(wait=True)
         self.store.close()

@@ -56,6 +56,15 @@ class ObjectStore(ABC):
     def remove(self, keys: Sequence[ObjectKey]) -> None:
         """Forget the keys (missing keys are ignored). Not reported to the drop listener."""
 
+    def pin(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """Protect the keys from demotion and eviction until ``unpin`` (counted, so pins
+        nest); element i is False when key i is absent. The default store never moves
+        objects on its own, so it only reports presence."""
+        return [t is not None for t in self.where(keys)]
+
+    def unpin(self, keys: Sequence[ObjectKey]) -> None:  # noqa: B027 - optional hook
+        """Undo one ``pin`` of each key (absent keys are ignored)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the store must not be used afterwards."""
 

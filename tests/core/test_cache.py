@@ -249,3 +249,30 @@ def test_fingerprint_separates_models_and_layouts():
     assert len({a.fingerprint, b.fingerprint, c.fingerprint}) == 3
     save_seq(a, np.arange(40), states=[40])
     assert a.lookup(np.arange(50)).num_tokens == 40 and b.lookup(np.arange(50)).num_tokens == 0
+
+
+def test_load_async_and_pins_follow_the_lease():
+    class CountingStore(MemoryStore):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.pins = 0
+
+        def pin(self, keys):
+            self.pins += len(keys)
+            return super().pin(keys)
+
+        def unpin(self, keys):
+            self.pins -= len(keys)
+
+    store = CountingStore({ObjectKind.KV: 10**6, ObjectKind.STATE: 10**6, ObjectKind.ANCHOR: 0})
+    c = HybridCache(make_cache().config, GEO, store)
+    seq = np.arange(40)
+    save_seq(c, seq, states=[40])
+    plan = c.lookup(np.arange(45))
+    lease = c.acquire(plan)
+    assert store.pins == len(plan.objects) == 6
+    res = c.load_async(plan).result(timeout=10)
+    assert res.num_tokens == 40 and torch.equal(res.state, payload(seq, ObjectKind.STATE, 40, 40))
+    c.release(lease)
+    assert store.pins == 0
+    c.close()

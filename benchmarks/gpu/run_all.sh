@@ -38,6 +38,16 @@ echo "== environment"
 nvidia-smi -L 2>&1 || true
 "$py" -c 'import torch, sys; print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "|", torch.cuda.get_device_name())'
 
+# The GPU box cannot reach a registry: if the project's own pure-python deps are
+# missing there (tiers/__init__.py may import the core), install carried wheels from
+# ./.whl (see /work/.library/device/README.md on carrying wheels) before giving up.
+if ! "$py" -c 'import kernels, tiers.copy_engine' >/dev/null 2>&1; then
+  if [ -d "$root/.whl" ]; then
+    "$py" -m pip install -q --no-index --find-links "$root/.whl" blake3 pydantic pyyaml zstandard aiofiles 2>&1 | tail -n 3 || true
+  fi
+  "$py" -c 'import kernels, tiers.copy_engine' || { echo "run_all: cannot import kernels / tiers.copy_engine" >&2; failed+=("imports"); }
+fi
+
 if [ -z "${HC_KERNEL_BACKEND:-}" ]; then
   if "$py" -c 'import cupy' >/dev/null 2>&1; then
     export HC_KERNEL_BACKEND=cupy

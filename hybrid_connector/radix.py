@@ -177,6 +177,11 @@ class RadixTree:
             path.append(child)
         return MatchResult(pos, node, tuple(path), None, None)
 
+    def speculative_insert(self, tokens: Sequence[int] | np.ndarray) -> int | None:
+        """Where inserting ``tokens`` would create a new intermediate (branch) node, without
+        inserting: Marconi's speculative insertion. ``None`` when no split would happen."""
+        return self.match(tokens).branch_point
+
     def path_to(self, node: Node) -> list[Node]:
         """Nodes from the root's child down to ``node`` (empty for the root)."""
         out = []

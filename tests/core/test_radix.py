@@ -26,6 +26,8 @@ def test_match_insert_split_basics():
     m = t.match([1, 2, 9])
     assert (m.length, m.branch_point, m.partial) == (2, 2, a)
     assert len(t) == 1  # match has no side effects
+    assert t.speculative_insert([1, 2, 9]) == 2 and t.speculative_insert([1, 2, 3, 4, 5, 6]) is None
+    assert len(t) == 1
     t.add_kv(a, ref(ObjectKind.KV, 0, 2))
     t.add_kv(a, ref(ObjectKind.KV, 2, 5))
     t.set_state(a, ref(ObjectKind.STATE, 5, 5))

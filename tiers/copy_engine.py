@@ -9,7 +9,8 @@ How it moves data
 -----------------
 * Each ``LayerTransfer`` has a *host stage* and a *landing stage*. The host stage is
   ``fetch()`` (read NVMe, decompress, look up a remote tier), run on a bounded thread
-  pool; a transfer given ``src=`` instead has no host work. The landing stage copies
+  pool (on CUDA with the copy stream current, so GPU work it enqueues is covered by
+  the layer's event); a transfer given ``src=`` instead has no host work. The landing stage copies
   the source into ``dst`` and runs the optional ``post(landed)`` hook (for example a
   scatter into paged KV blocks with ``kernels.scatter_kv_blocks``).
 * On CUDA the landing stage is enqueued on a dedicated copy stream, which first waits
@@ -344,10 +345,10 @@ class CopyEngine:
         if t is None:
             return  # cancelled before it started
         try:
-            source = t.fetch() if t.fetch is not None else t.src
             if self.is_cuda:
-                result, event = self._land_cuda(job, t, source)
+                result, event = self._execute_cuda(job, t)
             else:
+                source = t.fetch() if t.fetch is not None else t.src
                 result, event = self._land(t, source, non_blocking=False), None
         except BaseException as exc:  # noqa: BLE001 - reported per layer, never lost
             job._finish(name, None, None, exc)
@@ -367,11 +368,15 @@ class CopyEngine:
             t.post(result)
         return result
 
-    def _land_cuda(self, job: TransferJob, t: LayerTransfer, source: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+    def _execute_cuda(self, job: TransferJob, t: LayerTransfer) -> tuple[torch.Tensor, Any]:
         with self._stream_lock:
             stream = self._stream()
+        # fetch, copy and post all run with the copy stream current, so any CUDA work
+        # they enqueue is ordered after the submitter's earlier work and before the
+        # layer's event
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             stream.wait_event(job.ready_event)
+            source = t.fetch() if t.fetch is not None else t.src
             result = self._land(t, source, non_blocking=True)
             for tensor in (t.dst, source, result):
                 if tensor is not None and tensor.device.type == "cuda":

@@ -27,12 +27,16 @@ from . import anchors, paged_kv, state_pages
 from ._checks import IndexLike
 from ._launch import Launcher, cuda_launcher
 from .anchors import PackedAnchors
+from .paged_kv import buffer_shape as kv_buffer_shape
+from .paged_kv import layout_for_backend
 
 __all__ = [
     "PackedAnchors",
     "backend_name",
     "copy_state_pages",
     "gather_kv_blocks",
+    "kv_buffer_shape",
+    "layout_for_backend",
     "pack_anchors",
     "scatter_kv_blocks",
     "torch_only",

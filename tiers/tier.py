@@ -135,7 +135,7 @@ class Tier(ABC):
         """Unpinned objects of ``kind``, least recently used first (a snapshot)."""
 
     @abstractmethod
-    def keys(self) -> list[ObjectKey]:
+    def held_keys(self) -> list[ObjectKey]:
         """Every held (not removed) key."""
 
     @abstractmethod
@@ -407,7 +407,7 @@ class IndexedTier(Tier):
             snap = [k for k, e in self._lru[kind].items() if e.pins == 0 and not e.doomed]
         return iter(snap)
 
-    def keys(self) -> list[ObjectKey]:
+    def held_keys(self) -> list[ObjectKey]:
         with self._lock:
             return [k for d in self._lru.values() for k, e in d.items() if not e.doomed]
 

@@ -208,7 +208,7 @@ def test_random_sequences_keep_every_invariant(tmp_path_factory: pytest.TempPath
             dropped.clear()
             check_budgets(m)
             # the store holds exactly what was stored and neither removed nor reported
-            held = {k for t in m.tiers for k in t.keys()}
+            held = {k for t in m.tiers for k in t.held_keys()}
             assert held == set(alive)
             for k, w in pinned_where.items():
                 if pins.get(k) and k in alive:

@@ -41,7 +41,7 @@ def test_random_alloc_free_never_overlaps(ops: list[tuple[bool, int]]) -> None:
             if o is None:
                 assert a.largest_free() < max(n, 1)
                 continue
-            assert o % ALIGN == 0 and ALIGN <= o and o + n <= 65 * ALIGN
+            assert o % ALIGN == 0 and o >= ALIGN and o + n <= 65 * ALIGN
             for lo, ln in live.items():
                 assert o + max(n, 1) <= lo or lo + max(ln, 1) <= o
             live[o] = n

@@ -43,8 +43,9 @@ FAIL = 400
 
 def key_string(digest_hex: str) -> str:
     """A ``CacheEngineKey`` string the server accepts, unique per object digest."""
-    int(digest_hex, 16)  # the server parses the hash as hex; fail here, not there
-    s = f"{MODEL_NAME}@1@0@{digest_hex}@uint8"
+    # The server parses the hash as hex into an int and prints it back without leading
+    # zeros (CacheEngineKey.chunk_hash_hex); use that canonical form.
+    s = f"{MODEL_NAME}@1@0@{int(digest_hex, 16):x}@uint8"
     if len(s) > MAX_KEY_LENGTH:
         raise ValueError(f"key string longer than {MAX_KEY_LENGTH}: {s!r}")
     return s

@@ -1,0 +1,105 @@
+"""Start and stop real servers (lmcache_server, redis-server) on 127.0.0.1 for tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{what} is missing and CI=true (run scripts/install_servers.sh)")
+    pytest.skip(f"{what} is missing (run scripts/install_servers.sh)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server did not listen on {port} within {timeout}s: {log.read_text()[-2000:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def _lmcache_bin() -> str | None:
+    cand = Path(sys.executable).parent / "lmcache_server"
+    return str(cand) if cand.exists() else shutil.which("lmcache_server")
+
+
+
+def lmcache_binary() -> str:
+    """Path of ``lmcache_server``; skips (fails under CI=true) when it is missing."""
+    binary = _lmcache_bin()
+    if binary is None:
+        _missing("lmcache_server")
+    assert binary is not None
+    return binary
+
+
+def redis_binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        _missing("redis-server")
+    assert binary is not None
+    return binary
+
+
+@contextmanager
+def run_lmcache(workdir: Path) -> Iterator[str]:
+    """A real ``lmcache_server`` (CPU storage) on a free port; yields ``lm://...``."""
+    binary = lmcache_binary()
+    port = free_port()
+    log = workdir / "lmcache.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([binary, "127.0.0.1", str(port), "cpu"], stdout=fh,
+                                stderr=subprocess.STDOUT)
+    try:
+        _wait_port(port, proc, 60.0, log)
+        yield f"lm://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+@contextmanager
+def run_redis(workdir: Path) -> Iterator[str]:
+    """A real, non-persistent ``redis-server`` on a free port; yields ``redis://...``."""
+    binary = redis_binary()
+    port = free_port()
+    log = workdir / "redis.log"
+    with log.open("wb") as fh:
+        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1",
+                                 "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+                                stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        _wait_port(port, proc, 20.0, log)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        _stop(proc)

@@ -7,7 +7,8 @@ Semantics (identical on both backends; see ``kernels/__init__.py`` for dispatch)
 * ``pack``: ``data[i] = cast(hidden[positions[i]])``. Repeated positions are allowed
   (a gather). With ``dtype=torch.float8_e4m3fn``: ``scale[i] = amax(|row|) / 448``
   (``1.0`` for an all-zero row) computed in float32, and
-  ``data[i] = e4m3(clamp(row / scale[i], -448, 448))`` with round-to-nearest-even.
+  ``data[i] = e4m3(clamp(row * (1 / scale[i]), -448, 448))`` with round-to-nearest-even
+  (a reciprocal and a multiply, in float32, on both backends).
   The relative error per element is at most 2**-4 of its magnitude plus
   ``scale * 2**-10`` for values in e4m3's subnormal range (the tests check this bound).
   Rows holding NaN or inf are not supported by the fp8 path (their output is undefined).
@@ -159,7 +160,7 @@ def pack_torch(a: PackArgs) -> None:
     amax = x.abs().amax(dim=1) if x.numel() else torch.zeros(x.shape[0], device=x.device)
     scale = torch.where(amax > 0, amax / _dtypes.E4M3_MAX, torch.ones_like(amax))
     a.out.scale.copy_(scale)
-    q = (x / scale.unsqueeze(1)).clamp_(-_dtypes.E4M3_MAX, _dtypes.E4M3_MAX)
+    q = (x * torch.reciprocal(scale).unsqueeze(1)).clamp_(-_dtypes.E4M3_MAX, _dtypes.E4M3_MAX)
     out.copy_(q)
 
 
@@ -224,14 +225,18 @@ def _convert_rows(
 ) -> None:
     launcher.launch(
         "anchors",
-        "hc_rows_convert",
+        f"hc_rows_convert_{_dtypes.code(src.dtype)}_{_dtypes.code(dst.dtype)}",
         grid(n_rows),
         block(src.shape[1]),
-        [ptr(src), i64(src.stride(0)), ptr(src_idx), i64(_dtypes.code(src.dtype)),
-         ptr(dst), i64(dst.stride(0)), ptr(dst_idx), i64(_dtypes.code(dst.dtype)),
+        [ptr(src), i64(src.stride(0)), ptr(src_idx), ptr(dst), i64(dst.stride(0)), ptr(dst_idx),
          ptr(scale), i64(n_rows), i64(src.shape[1])],
         src.device,
     )
+
+
+def _hardware_fp8(device: torch.device) -> bool:
+    """sm_89+ converts float -> e4m3 (nearest even, saturating) in one instruction."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def pack_cuda(launcher: Launcher, a: PackArgs) -> None:
@@ -246,12 +251,12 @@ def pack_cuda(launcher: Launcher, a: PackArgs) -> None:
     else:
         launcher.launch(
             "anchors",
-            "hc_rows_quant_e4m3",
+            f"hc_rows_quant_e4m3_{_dtypes.code(a.hidden.dtype)}",
             grid(n),
             block(a.hidden.shape[1]),
-            [ptr(a.hidden), i64(a.hidden.stride(0)), ptr(a.positions),
-             i64(_dtypes.code(a.hidden.dtype)), ptr(out), ptr(a.out.scale), i64(n),
-             i64(a.hidden.shape[1])],
+            [ptr(a.hidden), i64(a.hidden.stride(0)), ptr(a.positions), ptr(out),
+             ptr(a.out.scale), i64(n), i64(a.hidden.shape[1]),
+             i64(1 if _hardware_fp8(a.hidden.device) else 0)],
             a.hidden.device,
         )
 

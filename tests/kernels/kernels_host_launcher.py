@@ -45,8 +45,8 @@ struct uint4 { unsigned int x, y, z, w; };
 """
 
 _SIG = re.compile(r'extern "C" __global__ void (\w+)\(([^)]*)\)')
-_MACRO_SIG = re.compile(r"#define (HC_\w+)\(NAME, V\)[^\n]*\n\s*extern \"C\" __global__ void NAME\(([^)]*)\)", re.S)
-_MACRO_USE = re.compile(r"^(HC_\w+)\((\w+), [\w ]+\)$", re.M)
+_MACRO_SIG = re.compile(r"#define (HC_\w+)\(NAME[^)]*\)[^\n]*\n\s*extern \"C\" __global__ void NAME\(([^)]*)\)", re.S)
+_MACRO_USE = re.compile(r"^(HC_\w+)\((\w+)(?:, [\w ]+)*\)$", re.M)
 
 
 def _entry_points(src: str) -> dict[str, int]:

@@ -43,7 +43,7 @@ def e4m3_value(code: int) -> float:
 
 
 def ref_pack(hidden: torch.Tensor, positions: list[int], dtype: torch.dtype) -> tuple[torch.Tensor, list[float] | None]:
-    """Row-by-row gather; fp8 rows quantised with a float32-exact scale."""
+    """Row-by-row gather; fp8 rows quantised with float32 scale and reciprocal."""
     rows = [[float(v) for v in hidden[p].tolist()] for p in positions]
     if dtype != torch.float8_e4m3fn:
         out = torch.tensor(rows, dtype=torch.float64).reshape(len(positions), hidden.shape[1])
@@ -53,7 +53,8 @@ def ref_pack(hidden: torch.Tensor, positions: list[int], dtype: torch.dtype) -> 
         amax = max((abs(v) for v in row), default=0.0)
         scale = f32(amax / 448.0) if amax > 0 else 1.0
         scales.append(scale)
-        codes.append([e4m3_code(f32(v / scale)) for v in row])
+        inv = f32(1.0 / scale)
+        codes.append([e4m3_code(f32(v * inv)) for v in row])
     data = torch.tensor(codes, dtype=torch.uint8).reshape(len(positions), hidden.shape[1])
     return data.view(torch.float8_e4m3fn), scales
 

@@ -59,7 +59,7 @@ def test_pack_unpack_identical(host: HostLauncher, seed: int) -> None:
                 kernels.unpack_anchors(pt, dt, upos)
                 assert torch.equal(_bits(dk), _bits(dt)), (dtype, dst_dtype)
     used = {k for k, _, _ in host.launches}
-    assert {"hc_rows_copy_v1", "hc_rows_convert", "hc_rows_quant_e4m3"} & used
+    assert {"hc_rows_copy_v1", "hc_rows_convert_2_0", "hc_rows_quant_e4m3_2", "hc_rows_convert_3_1"} <= used
 
 
 @pytest.mark.parametrize("layout", ["flash_attn", "flashinfer"])

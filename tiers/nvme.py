@@ -99,15 +99,20 @@ class NvmeTier(IndexedTier):
                 self.dropped_at_start.append(name)
                 log.warning("nvme tier %s: dropping %s at start: %s", self.name, name, exc)
                 self._unlink(p)
-        found.sort(key=lambda x: x[0])
+        # Newest first, so a shrunk budget keeps the most recent files; then insert oldest
+        # first so the LRU order follows the files' ages.
+        found.sort(key=lambda x: x[0], reverse=True)
+        kept: list[Entry] = []
         for _, e in found:
             k = e.key.kind
             if self._used[k] + e.nbytes > self._budget[k]:
                 self.dropped_at_start.append(str(e.handle))
                 self._unlink(self._file(e.key))
                 continue
-            self._lru[k][e.key] = e
             self._used[k] += e.nbytes
+            kept.append(e)
+        for e in reversed(kept):
+            self._lru[e.key.kind][e.key] = e
         if self.dropped_at_start:
             log.warning("nvme tier %s: dropped %d files at start", self.name,
                         len(self.dropped_at_start))
@@ -148,7 +153,10 @@ class NvmeTier(IndexedTier):
 
     def _unlink(self, p: Path) -> None:
         try:
-            p.unlink()
+            if p.is_dir() and not p.is_symlink():
+                p.rmdir()  # an (empty) directory squatting on an object name
+            else:
+                p.unlink()
         except FileNotFoundError:
             pass
         except OSError as exc:

@@ -312,14 +312,20 @@ class HFRuntime:
 
 
 def anchor_layout(model: Any, config: HybridConfig, adapter: HFStateAdapter) -> AnchorLayout:
-    """Anchor layout of ``model`` under ``config`` (page, density; at least conv_kernel - 1
-    positions per page so the first conv of each group replays exactly)."""
+    """Anchor layout of ``model`` under ``config`` (page, density).
+
+    A page keeps at least ``(conv_kernel - 1) * L`` positions, L the longest group: the
+    conv state of the j-th layer of a group is exact only when the last ``j * (kernel-1)``
+    inputs of the group are contiguous (each layer's conv looks ``kernel - 1`` further
+    back), so fewer kept positions would make even a fast-forgetting model replay badly."""
     kernel = max((s.kernel for s in adapter.recurrent), default=1)
     dtype = next(model.parameters()).dtype
     groups = adapter.geometry.recurrent_groups()
+    depth = max((len(g) for g in groups), default=1)
     rho = config.anchor_density if config.anchor_density > 0 else 1.0 / config.anchor_page_size
     return AnchorLayout.build(config.anchor_page_size, rho, groups,
-                              adapter.geometry.hidden_size, dtype, min_keep=kernel - 1)
+                              adapter.geometry.hidden_size, dtype,
+                              min_keep=(kernel - 1) * depth)
 
 
 def _as_ids(input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:

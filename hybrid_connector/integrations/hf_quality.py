@@ -156,16 +156,20 @@ def _main() -> None:
     ap.add_argument("--density", type=float, default=1.0)
     ap.add_argument("--ks", type=int, nargs="*", default=[8, 32, 128, 384])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--init-std", type=float, default=0.02,
+                    help="initializer_range of the random weights (larger: peakier logits)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     conf = load_config(overrides={"anchor_page_size": args.page, "anchor_density": args.density,
                                   "chunk_size": 64, "alignment": 1}, environ={})
-    print(f"tokens={args.tokens} p={args.p} page={args.page} rho={args.density}")
+    print(f"tokens={args.tokens} p={args.p} page={args.page} rho={args.density} "
+          f"init_std={args.init_std}")
     print(f"{'arch':18s} {'memory':8s} {'k':>5s} {'KL mean':>10s} {'KL max':>10s} {'top1':>6s} {'cont32':>6s}")
     for arch in args.archs:
         for memory in ("random", "long"):
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(tiny_hf_config(arch)).eval()
+            cfg = tiny_hf_config(arch, initializer_range=args.init_std)
+            model = AutoModelForCausalLM.from_config(cfg).eval()
             if memory == "long":
                 long_memory_(model)
             rt = HFRuntime.create(model, conf, MemoryStore({k: 1 << 30 for k in ObjectKind}),

@@ -58,9 +58,8 @@ def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
     assert (rc.logits - ref_logits).abs().max().item() <= 1e-4
     assert rt.decode(rc, 16) == ref_new
     rt.finish(rc)
-    # The hit promoted what it read back to the top tier.
-    assert set(store.where([o.ref.key for o in plan.objects])) <= {"device", "host", "nvme"}
-    assert sum(store.mstats.promotions.values()) > 0
+    # Still stored after the read (a leased load pins, so it is not promoted or dropped).
+    assert None not in store.where([o.ref.key for o in plan.objects])
     rt.cache.check_integrity()
     rt.close()
     store.close()

@@ -43,6 +43,10 @@ class EvictionPolicy(ABC):
     def on_remove(self, node_id: int) -> None:  # noqa: B027 - optional hook
         """The node with this id left the tree (removed or merged)."""
 
+    def on_request(self, tokens: np.ndarray, prompt_len: int) -> None:  # noqa: B027 - optional
+        """A request finished: ``tokens`` is prompt + output, the first ``prompt_len`` of
+        them the prompt (feeds workload-adaptive policies such as the alpha tuner)."""
+
     @abstractmethod
     def next_victim(self, kind: ObjectKind) -> Node | None:
         """The node to evict ``kind`` from next, among nodes the cache marks evictable, or

@@ -1,8 +1,27 @@
-"""Build the configured policies (one place that maps config names to classes)."""
+"""Build the configured policies (one place that maps config names to classes).
+
+``eviction``: ``lru`` -> ``LRUEviction``; ``marconi`` -> ``MarconiEviction`` with the
+corrected accounting (GQA-aware node-local bytes, per-family FLOPs); ``marconi_reference``
+-> the same policy with the reference simulator's accounting and its FLOPs-saved tuning
+objective. ``alpha: auto`` gets an ``AlphaTuner`` built at the first eviction, replaying
+through the simulator's ``CacheReplayer`` (imported lazily, on the tuner's thread path).
+
+``admission``: ``marconi`` (wrapped in ``PlacementAdmission`` when ``placement_slots`` >
+0), ``every_block`` (vLLM-style, one checkpoint per ``chunk_size``), ``last_token``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 from hybrid_connector.config import HybridConfig
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.policies.accounting import (
+    Accounting,
+    CorrectedAccounting,
+    ReferenceAccounting,
+)
 from hybrid_connector.policies.admission import (
     EveryBlockAdmission,
     LastTokenAdmission,
@@ -10,19 +29,64 @@ from hybrid_connector.policies.admission import (
 )
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.policies.lru import LRUEviction
+from hybrid_connector.policies.marconi import MarconiEviction
+from hybrid_connector.policies.placement_admission import PlacementAdmission
+from hybrid_connector.policies.tuner import Replayer
+
+ACCOUNTING: dict[str, Callable[[ModelGeometry], Accounting]] = {
+    "marconi": CorrectedAccounting,
+    "marconi_reference": ReferenceAccounting,
+}
+
+
+def tuner_options(config: HybridConfig, background: bool = True) -> dict[str, object]:
+    """``AlphaTuner`` keyword arguments from the config."""
+    return {
+        "grid": tuple(config.alpha_grid),
+        "bootstrap_multiplier": config.bootstrap_multiplier,
+        "retune_interval": config.retune_interval,
+        "background": background,
+    }
+
+
+def objective(config: HybridConfig) -> str:
+    """The tuning objective: the reference always tunes on FLOPs saved."""
+    return "flops" if config.eviction == "marconi_reference" else config.alpha_objective
 
 
 def eviction(config: HybridConfig) -> EvictionPolicy:
     """The eviction policy named by ``config.eviction``."""
     if config.eviction == "lru":
         return LRUEviction()
+    if config.eviction in ACCOUNTING:
+        acct = ACCOUNTING[config.eviction]
+        alpha = None if config.alpha == "auto" else float(config.alpha)
+        factory = None
+        if alpha is None:
+            def factory(geometry: ModelGeometry, snapshot: Mapping[ObjectKind, int]) -> Replayer:
+                from hybrid_connector.sim.replay import default_replayer_factory
+
+                make = default_replayer_factory(
+                    config, lambda: admission(config), acct, objective(config)
+                )
+                return make(geometry, snapshot)
+
+        return MarconiEviction(
+            alpha=alpha, accounting=acct, replayer_factory=factory,
+            tuner_options=tuner_options(config),
+        )
     raise NotImplementedError(f"eviction policy {config.eviction!r} is not built yet")
 
 
 def admission(config: HybridConfig) -> AdmissionPolicy:
     """The admission policy named by ``config.admission``."""
     if config.admission == "marconi":
-        return MarconiAdmission()
+        inner = MarconiAdmission()
+        if config.placement_slots > 0:
+            return PlacementAdmission(
+                inner, config.placement_slots, config.placement_bin, config.placement_decay
+            )
+        return inner
     if config.admission == "every_block":
         return EveryBlockAdmission(config.chunk_size)
     return LastTokenAdmission()

@@ -1,1 +1,2 @@
-"""Trace formats, generators, baselines and the policy simulator."""
+"""Policy simulator: trace formats and generators, a size-only store, the replay loop
+through the real ``HybridCache``, baselines, and the ``simulate``/``gen-trace`` CLI."""

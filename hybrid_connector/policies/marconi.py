@@ -1,0 +1,407 @@
+"""Marconi eviction: utility = norm(recency) + alpha * norm(FLOPs saved / byte).
+
+Candidates (Marconi, MLSys'25) are nodes with at most one child: for ``ObjectKind.KV`` the
+unlocked leaves (evicting one frees its KV, state and anchors), for ``ObjectKind.STATE``
+the nodes with a state and at most one child (evicting frees only the state; the cache then
+merges a stateless single-child node into its child, or prunes a dead leaf). Both terms are
+min-max normalised over the evictable candidates of that kind; recency is
+``1 / max(now - last_access, 1)`` on the logical clock of ``on_access``; the lowest utility
+goes, ties broken by the smaller node id. Only the last node of an accessed path is
+refreshed (Marconi); ``refresh_path=True`` refreshes the whole path (SGLang-style LRU when
+alpha is 0). ``ObjectKind.ANCHOR`` victims are the least recently used nodes with anchors.
+
+Incremental structure (why one eviction does not walk the tree): per kind, two sorted lists
+of candidates, by ``last_access`` and by cached efficiency. A victim is found with a
+threshold scan (Fagin's TA) down both lists at once: a node not yet seen in either list has
+recency >= the next unseen recency and efficiency >= the next unseen efficiency, and
+utility is monotone in both (IEEE rounding is monotone too), so the scan stops as soon as
+that bound exceeds the best utility seen: the result equals a full walk's
+(``FullWalkMarconi``, the O(N) reference, tested to choose the same victims). Entries are
+refreshed lazily from a dirty set fed by ``on_access``/``on_change``/``on_remove``, the
+parents of removed nodes, the previous victim, and nodes the tree created since the last
+sync (splits and inserts are not reported to policies, so new node ids are picked up from
+the tree's id counter: a new node, its parent and its children are refreshed).
+
+Alpha: a float, or ``None`` for auto: 0 (pure recency, i.e. LRU) until an ``AlphaTuner``
+reports a grid-search result (see ``tuner.py``); the policy then adopts it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.policies.accounting import Accounting, CorrectedAccounting
+from hybrid_connector.policies.base import Evictable, EvictionPolicy
+from hybrid_connector.policies.tuner import AlphaTuner, Replayer
+from hybrid_connector.radix import Node, RadixTree
+
+_RANKED = (ObjectKind.KV, ObjectKind.STATE)
+ReplayerFactory = Callable[[ModelGeometry, Mapping[ObjectKind, int]], Replayer]
+
+
+def recency(now: float, last_access: float) -> float:
+    """Marconi's recency score, ``1 / max(now - last_access, 1)`` (1 for the newest)."""
+    return 1.0 / max(now - last_access, 1.0)
+
+
+def utility(
+    r: float, e: float, rmin: float, rmax: float, emin: float, emax: float, alpha: float
+) -> float:
+    """``norm(r) + alpha * norm(e)``, min-max normalised (a constant term normalises to 0)."""
+    nr = (r - rmin) / (rmax - rmin) if rmax > rmin else 0.0
+    ne = (e - emin) / (emax - emin) if emax > emin else 0.0
+    return nr + alpha * ne
+
+
+def base_depth(node: Node) -> int:
+    """Depth a hit falls back to if ``node`` is evicted: its nearest ancestor that keeps
+    existing on its own (holds a state, branches, or is the root). Stateless single-child
+    ancestors in between (chunk-boundary splits) are released with the node, so the node's
+    value and freed bytes are measured over ``[base_depth, depth)``."""
+    cur = node.parent
+    while cur is not None and cur.parent is not None and cur.state is None and len(cur.children) == 1:
+        cur = cur.parent
+    return cur.depth if cur is not None else 0
+
+
+def structural_key(node: Node) -> tuple[int, int, bool, bool]:
+    """The accounting's arguments for ``node``: (depth, base depth, has state, is leaf)."""
+    return (node.depth, base_depth(node), node.state is not None, not node.children)
+
+
+def eligible(node: Node, kind: ObjectKind) -> bool:
+    """Structural candidacy (locks are the cache's ``evictable`` concern)."""
+    if kind is ObjectKind.KV:
+        return not node.children
+    if kind is ObjectKind.STATE:
+        return node.state is not None and len(node.children) <= 1
+    return bool(node.anchors)
+
+
+class _Entry:
+    __slots__ = ("node", "skey", "eff", "parent_id", "keys", "status")
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.status: tuple[bool, int] | None = None  # (has state, children) last seen
+        self.skey: tuple[int, int, bool, bool] | None = None
+        self.eff = 0.0
+        self.parent_id = -1
+        self.keys: dict[ObjectKind, tuple[float, float]] = {}  # kind -> (last, eff) indexed
+
+
+class MarconiEviction(EvictionPolicy):
+    """Marconi's FLOP-aware eviction with an incremental candidate index.
+
+    ``accounting``: built from the geometry at ``bind`` (default ``CorrectedAccounting``).
+    ``alpha``: fixed weight, or ``None`` for auto-tuning (``tuner`` or ``replayer_factory``
+    needed for it to ever change from 0). ``next_victim`` never mutates the tree; it may set
+    ``last_access`` of nodes created since the last call (new objects count as fresh).
+    """
+
+    name = "marconi"
+
+    def __init__(
+        self,
+        alpha: float | None = None,
+        accounting: Callable[[ModelGeometry], Accounting] = CorrectedAccounting,
+        refresh_path: bool = False,
+        tuner: AlphaTuner | None = None,
+        replayer_factory: ReplayerFactory | None = None,
+        tuner_options: Mapping[str, object] | None = None,
+    ) -> None:
+        if alpha is not None and alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        self.auto = alpha is None
+        self.alpha = 0.0 if alpha is None else float(alpha)
+        self._accounting_factory = accounting
+        self.refresh_path = refresh_path
+        self.tuner = tuner
+        self._replayer_factory = replayer_factory
+        self._tuner_options = dict(tuner_options or {})
+        self.alpha_history: list[tuple[int, float]] = []  # (requests seen, alpha adopted)
+        self.evictions = 0
+        self.scanned = 0  # entries examined by next_victim (benchmark counter)
+
+    # ------------------------------------------------------------------ binding
+    def bind(self, tree: RadixTree, geometry: ModelGeometry, evictable: Evictable) -> None:
+        super().bind(tree, geometry, evictable)
+        self.accounting = self._accounting_factory(geometry)
+        self._entries: dict[int, _Entry] = {}
+        self._by_time: dict[ObjectKind, list[tuple[float, int]]] = {k: [] for k in ObjectKind}
+        self._by_eff: dict[ObjectKind, list[tuple[float, int]]] = {k: [] for k in _RANKED}
+        self._dirty: set[int] = set()
+        self._seen_id = 1
+        self._now = 0.0
+        self._requests = 0
+
+    # -------------------------------------------------------------------- hooks
+    def on_access(self, path: Sequence[Node], now: float) -> None:
+        self._now = max(self._now, now)
+        self._sync()
+        touched = path if self.refresh_path else path[-1:]
+        for node in touched:
+            node.last_access = now
+            self._refresh(node)
+
+    def on_change(self, node: Node) -> None:
+        self._dirty.add(node.id)
+
+    def on_remove(self, node_id: int) -> None:
+        entry = self._entries.pop(node_id, None)
+        if entry is None:
+            return
+        self._unindex(entry)
+        self._dirty.add(entry.parent_id)
+        self._dirty.discard(node_id)
+
+    def on_request(self, tokens: np.ndarray, prompt_len: int) -> None:
+        """A request finished (``tokens`` = prompt + output). Feeds the alpha tuner."""
+        self._requests += 1
+        if self.tuner is not None:
+            self.tuner.record(tokens, prompt_len)
+            self._adopt()
+
+    # ----------------------------------------------------------------- choosing
+    def next_victim(self, kind: ObjectKind) -> Node | None:
+        self._sync()
+        if kind is not ObjectKind.ANCHOR:
+            self._first_eviction()
+        victim = self._choose(kind)
+        if victim is not None:
+            self.evictions += 1
+            self._dirty.add(victim.id)
+            if victim.parent is not None:
+                self._dirty.add(victim.parent.id)
+        return victim
+
+    def _choose(self, kind: ObjectKind) -> Node | None:
+        if kind is ObjectKind.ANCHOR:
+            for _, nid in self._by_time[kind]:
+                node = self._entries[nid].node
+                self.scanned += 1
+                if self.evictable(node, kind):
+                    return node
+            return None
+        return self._threshold_scan(kind)
+
+    def _evictable_ends(
+        self, items: list[tuple[float, int]], kind: ObjectKind
+    ) -> tuple[float, float] | None:
+        lo = hi = None
+        for value, nid in items:
+            if self.evictable(self._entries[nid].node, kind):
+                lo = value
+                break
+        if lo is None:
+            return None
+        for value, nid in reversed(items):
+            if self.evictable(self._entries[nid].node, kind):
+                hi = value
+                break
+        assert hi is not None
+        return lo, hi
+
+    def _threshold_scan(self, kind: ObjectKind) -> Node | None:
+        times, effs = self._by_time[kind], self._by_eff[kind]
+        t_ends = self._evictable_ends(times, kind)
+        if t_ends is None:
+            return self._fallback(kind)
+        now, alpha = self._now, self.alpha
+        if alpha == 0.0:
+            # Utility is normalised recency alone: the minimum is the first evictable entry
+            # in (last_access, id) order, which is exactly the (utility, id) minimum.
+            for _, nid in times:
+                node = self._entries[nid].node
+                self.scanned += 1
+                if self.evictable(node, kind):
+                    return node
+        e_ends = self._evictable_ends(effs, kind)
+        assert e_ends is not None
+        rmin, rmax = recency(now, t_ends[0]), recency(now, t_ends[1])
+        emin, emax = e_ends
+        best: tuple[float, int] | None = None
+        best_node: Node | None = None
+        seen: set[int] = set()
+        i = j = 0
+        n = len(times)
+        while i < n or j < n:
+            for items, idx in ((times, i), (effs, j)):
+                if idx >= n:
+                    continue
+                nid = items[idx][1]
+                if nid in seen:
+                    continue
+                seen.add(nid)
+                entry = self._entries[nid]
+                self.scanned += 1
+                if not self.evictable(entry.node, kind):
+                    continue
+                last, eff = entry.keys[kind]
+                u = utility(recency(now, last), eff, rmin, rmax, emin, emax, alpha)
+                if best is None or (u, nid) < best:
+                    best, best_node = (u, nid), entry.node
+            i, j = i + 1, j + 1
+            if best is not None and i < n and j < n:
+                bound = utility(
+                    recency(now, times[i][0]), effs[j][0], rmin, rmax, emin, emax, alpha
+                )
+                if bound > best[0]:
+                    break
+        return best_node
+
+    def _fallback(self, kind: ObjectKind) -> Node | None:
+        """No evictable candidate with <= 1 child: the least recent evictable holder of
+        ``kind`` anywhere (an O(N) walk, only when the candidate lists are exhausted)."""
+        if kind is not ObjectKind.STATE:
+            return None
+        best: tuple[float, int] | None = None
+        out = None
+        for node in self.tree.nodes():
+            if node.state is not None and self.evictable(node, kind):
+                key = (node.last_access, node.id)
+                if best is None or key < best:
+                    best, out = key, node
+        return out
+
+    # ------------------------------------------------------------ index upkeep
+    def _sync(self) -> None:
+        """Pick up nodes the tree created since the last sync, then refresh dirty ones."""
+        next_id = getattr(self.tree, "_next_id", self._seen_id)  # see module docstring
+        for nid in range(self._seen_id, next_id):
+            node = self.tree.node(nid)
+            if node is None:
+                continue
+            node.last_access = max(node.last_access, self._now)
+            self._dirty.add(nid)
+            if node.parent is not None:
+                self._dirty.add(node.parent.id)
+            self._dirty_chain_below(node)
+        self._seen_id = max(self._seen_id, next_id)
+        while self._dirty:
+            nid = self._dirty.pop()
+            node = self.tree.node(nid)
+            if node is None or node is self.tree.root:
+                entry = self._entries.pop(nid, None)
+                if entry is not None:
+                    self._unindex(entry)
+                continue
+            self._refresh(node)
+
+    def _refresh(self, node: Node) -> None:
+        entry = self._entries.get(node.id)
+        if entry is None:
+            entry = self._entries[node.id] = _Entry(node)
+        assert node.parent is not None
+        entry.parent_id = node.parent.id
+        status = (node.state is not None, min(len(node.children), 2))
+        skey = structural_key(node)
+        passes_through = status == (False, 1)  # chains below walk through this node
+        if entry.status is not None and (
+            status != entry.status
+            or (passes_through and entry.skey is not None and skey[1] != entry.skey[1])
+        ):
+            self._dirty_chain_below(node)
+        entry.status = status
+        if skey != entry.skey:
+            entry.skey = skey
+            entry.eff = self.accounting.efficiency(*skey)
+        for kind in ObjectKind:
+            want = (node.last_access, entry.eff) if eligible(node, kind) else None
+            have = entry.keys.get(kind)
+            if want == have:
+                continue
+            if have is not None:
+                self._remove_key(kind, have, node.id)
+                del entry.keys[kind]
+            if want is not None:
+                bisect.insort(self._by_time[kind], (want[0], node.id))
+                if kind in self._by_eff:
+                    bisect.insort(self._by_eff[kind], (want[1], node.id))
+                entry.keys[kind] = want
+
+    def _dirty_chain_below(self, node: Node) -> None:
+        """``node`` changed whether it stands on its own: descendants whose ``base_depth``
+        walks through it (down chains of stateless single-child nodes) need a refresh."""
+        stack = list(node.children.values())
+        while stack:
+            c = stack.pop()
+            self._dirty.add(c.id)
+            if c.state is None and len(c.children) == 1:
+                stack.extend(c.children.values())
+
+    def _remove_key(self, kind: ObjectKind, key: tuple[float, float], nid: int) -> None:
+        for items, value in ((self._by_time[kind], key[0]), (self._by_eff.get(kind), key[1])):
+            if items is None:
+                continue
+            pos = bisect.bisect_left(items, (value, nid))
+            if pos < len(items) and items[pos] == (value, nid):
+                del items[pos]
+            else:  # pragma: no cover - would be an index bug
+                raise AssertionError(f"index lost node {nid} ({kind.value})")
+
+    def _unindex(self, entry: _Entry) -> None:
+        for kind, key in entry.keys.items():
+            self._remove_key(kind, key, entry.node.id)
+        entry.keys = {}
+
+    # --------------------------------------------------------------- tuning
+    def _first_eviction(self) -> None:
+        if not self.auto:
+            return
+        if self.tuner is None and self._replayer_factory is not None:
+            snapshot = {k: self.tree.bytes[k] for k in ObjectKind}
+            replayer = self._replayer_factory(self.geometry, snapshot)
+            self.tuner = AlphaTuner(replayer, **self._tuner_options)  # type: ignore[arg-type]
+            self._replayer_factory = None
+        if self.tuner is not None and not self.tuner.started:
+            self.tuner.start(self._requests)
+
+    def _adopt(self) -> None:
+        assert self.tuner is not None
+        got = self.tuner.poll()
+        if got is not None and self.auto:
+            self.alpha = got
+            self.alpha_history.append((self._requests, got))
+
+    def candidates(self, kind: ObjectKind) -> Iterable[Node]:
+        """Indexed candidates of ``kind`` (for inspection and tests)."""
+        self._sync()
+        return [self._entries[nid].node for _, nid in self._by_time[kind]]
+
+
+class FullWalkMarconi(MarconiEviction):
+    """The O(N)-per-eviction reference: walks every node, computes every utility afresh.
+
+    Same hooks and clock as ``MarconiEviction`` (so ``last_access`` evolves identically);
+    only the choice differs in method, never in result.
+    """
+
+    name = "marconi_full_walk"
+
+    def _choose(self, kind: ObjectKind) -> Node | None:
+        if kind is ObjectKind.ANCHOR:
+            return super()._choose(kind)
+        cands = [
+            n for n in self.tree.nodes() if eligible(n, kind) and self.evictable(n, kind)
+        ]
+        self.scanned += len(self.tree)
+        if not cands:
+            return self._fallback(kind)
+        now = self._now
+        effs = {n.id: self.accounting.efficiency(*structural_key(n)) for n in cands}
+        rs = {n.id: recency(now, n.last_access) for n in cands}
+        rmin, rmax = min(rs.values()), max(rs.values())
+        emin, emax = min(effs.values()), max(effs.values())
+        return min(
+            cands,
+            key=lambda n: (
+                utility(rs[n.id], effs[n.id], rmin, rmax, emin, emax, self.alpha),
+                n.id,
+            ),
+        )

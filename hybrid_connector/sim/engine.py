@@ -1,0 +1,130 @@
+"""The replay loop: drive the real ``HybridCache`` the way an engine would, request by request.
+
+For each request, in trace order (a logical clock, no concurrency, as the reference does)::
+
+    plan = cache.lookup(input); cache.record_lookup(plan)
+    cache.release(cache.acquire(plan))          # the engine loads, then unlocks
+    sp = cache.plan_saves(input)
+    cache.save(input, KV chunks + states at sp.state_positions + anchor pages)
+    cache.finish(input + output, [final state, KV (and anchors) for the rest])
+
+What an engine can physically produce is respected: checkpoints only at positions past the
+hit (the engine holds the state at p and computes onwards), full KV chunks of
+``config.chunk_size`` from ``sp.kv_from`` during prefill and the rest (including the
+partial tail chunk) at finish, anchor pages only for tokens it computed. Payloads are
+zero-stride tensors of the real byte sizes from the geometry; a ``SizeOnlyStore`` only
+accounts them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybrid_connector.cache import HybridCache
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.plan import SaveItem
+from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
+from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One request's outcome: hit length, whether exact, bytes the hit loads, replay start."""
+
+    prompt: int
+    hit: int
+    exact: bool
+    loaded_bytes: int
+    replay_from: int | None
+    states_saved: int
+
+
+def anchor_page_bytes(geometry: ModelGeometry, page: int, density: float) -> int:
+    """Bytes of one anchor block: ``ceil(page * density)`` anchor tokens of one hidden state
+    per recurrent group (``anchor_bytes_per_token``)."""
+    return max(1, math.ceil(page * density)) * geometry.anchor_bytes_per_token()
+
+
+class Simulator:
+    """One cache over a ``SizeOnlyStore``; ``step`` replays one request.
+
+    ``anchors``: save anchor pages (``config.anchor_page_size``, ``config.anchor_density``)
+    for computed tokens; they produce (approximate) hits only when ``config.replay`` is on.
+    """
+
+    def __init__(
+        self,
+        config: HybridConfig,
+        geometry: ModelGeometry,
+        budget: Budget,
+        eviction: EvictionPolicy | None = None,
+        admission: AdmissionPolicy | None = None,
+        anchors: bool = False,
+        on_request: Callable[[np.ndarray, int], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.geometry = geometry
+        self.store = SizeOnlyStore(budget)
+        self.cache = HybridCache(config, geometry, self.store, eviction=eviction, admission=admission)
+        self.anchors = anchors
+        self.on_request = on_request
+        self.kv_tok = geometry.kv_bytes_per_token()
+        self.state_bytes = geometry.state_bytes()
+        self.page = config.anchor_page_size
+        self.anchor_bytes = anchor_page_bytes(geometry, self.page, config.anchor_density)
+        self.states_saved = 0
+
+    def _kv(self, start: int, end: int) -> SaveItem:
+        return SaveItem(ObjectKind.KV, start, end, zero_payload((end - start) * self.kv_tok))
+
+    def _anchor_pages(self, lo: int, hi: int) -> list[SaveItem]:
+        """Anchor pages fully inside ``[lo, hi)`` (page aligned from 0)."""
+        first = -(-lo // self.page) * self.page
+        return [
+            SaveItem(ObjectKind.ANCHOR, s, s + self.page, zero_payload(self.anchor_bytes))
+            for s in range(first, hi - self.page + 1, self.page)
+        ]
+
+    def step(self, inp: np.ndarray, out: np.ndarray) -> StepResult:
+        cache, C = self.cache, self.config.chunk_size
+        n = int(inp.size)
+        plan = cache.lookup(inp)
+        cache.record_lookup(plan)
+        cache.release(cache.acquire(plan))
+        p = plan.num_tokens
+        sp = cache.plan_saves(inp)
+        items: list[SaveItem] = []
+        start = sp.kv_from
+        while start + C <= n:
+            items.append(self._kv(start, start + C))
+            start += C
+        states = [pos for pos in sp.state_positions if p < pos < n]
+        items += [SaveItem(ObjectKind.STATE, pos, pos, zero_payload(self.state_bytes)) for pos in states]
+        if self.anchors:
+            items += self._anchor_pages(p, n)
+        if items:
+            cache.save(inp, items)
+        full = np.concatenate([inp, out]) if out.size else inp
+        m = int(full.size)
+        final: list[SaveItem] = []
+        while start < m:
+            end = min(start + C, m)
+            final.append(self._kv(start, end))
+            start = end
+        final.append(SaveItem(ObjectKind.STATE, m, m, zero_payload(self.state_bytes)))
+        if self.anchors:
+            final += self._anchor_pages(max(p, n - n % self.page), m)
+        cache.finish(full, final)
+        if self.on_request is not None:
+            self.on_request(full, n)
+        self.states_saved += len(states) + 1
+        return StepResult(
+            n, p, plan.exact, plan.nbytes if plan.hit else 0,
+            None if plan.exact else plan.replay_from, len(states) + 1,
+        )

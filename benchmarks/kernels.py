@@ -8,7 +8,7 @@ Times are the best of ``--reps`` runs after a warm-up, kernel and baseline
 alternating (the machine may be shared). ``payload`` counts bytes
 written to the destination.
 
-    .venv/bin/python benchmarks/kernels.py [--quick] [--reps N] [--device cpu|cuda]
+    .venv/bin/python benchmarks/kernels.py [--quick] [--reps N] [--threads N] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -147,7 +147,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller shapes, fewer repetitions")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (1 keeps ratios stable on a shared machine)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     reps = args.reps or (5 if args.quick else 15)
     t0 = time.perf_counter()

@@ -34,6 +34,7 @@ from ._checks import (
 )
 from ._grid import block, grid, vector_width
 from ._launch import Launcher, i64, ptr
+from ._words import as_words
 
 PACK_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 
@@ -149,7 +150,10 @@ def prepare_unpack(
 def pack_torch(a: PackArgs) -> None:
     out, pos = a.out.data, a.positions
     if out.dtype == a.hidden.dtype:
-        torch.index_select(a.hidden, 0, pos, out=out)
+        src_w, out_w = as_words(a.hidden), as_words(out)
+        if src_w.dtype != out_w.dtype:
+            src_w, out_w = a.hidden, out
+        torch.index_select(src_w, 0, pos, out=out_w)
         return
     rows = a.hidden.index_select(0, pos)
     if out.dtype != torch.float8_e4m3fn:
@@ -180,7 +184,10 @@ def _e4m3_to_f32(data: torch.Tensor) -> torch.Tensor:
 
 def unpack_torch(a: UnpackArgs) -> None:
     if a.scale is None and a.data.dtype == a.dst.dtype:
-        a.dst.index_copy_(0, a.positions, a.data)
+        data_w, dst_w = as_words(a.data), as_words(a.dst)
+        if data_w.dtype != dst_w.dtype:
+            data_w, dst_w = a.data, a.dst
+        dst_w.index_put_((a.positions,), data_w)
         return
     vals = _e4m3_to_f32(a.data) if a.data.dtype == torch.float8_e4m3fn else a.data.to(torch.float32)
     if a.scale is not None:

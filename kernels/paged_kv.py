@@ -35,6 +35,7 @@ import torch
 from ._checks import IndexLike, index_tensor, require_inner_contiguous, require_same_device
 from ._grid import block, grid, vector_width
 from ._launch import Launcher, i64, ptr
+from ._words import as_rows, as_words
 
 #: layout name -> dim of the K/V axis (the block axis is the other of dims 0 and 1).
 KV_DIM = {"kv_first": 0, "blocks_first": 1, "flash_attn": 0, "flashinfer": 1}
@@ -110,14 +111,28 @@ def prepare(
     return KVArgs(cache, ids, buf, kv_dim)
 
 
+def _planes(a: KVArgs, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cache plane k, buffer plane k), as wide words and 2-D rows where possible."""
+    plane, buf = a.cache.select(a.kv_dim, k), a.buf[k]
+    plane_rows, buf_rows = as_rows(plane), as_rows(buf)
+    if plane_rows.dim() == buf_rows.dim() == 2:  # NHD: both merge into [blocks, row]
+        plane, buf = plane_rows, buf_rows
+    plane_w, buf_w = as_words(plane), as_words(buf)
+    if plane_w.dtype != buf_w.dtype:
+        return plane, buf
+    return plane_w, buf_w
+
+
 def gather_torch(a: KVArgs) -> None:
     for k in range(2):
-        torch.index_select(a.cache.select(a.kv_dim, k), 0, a.block_ids, out=a.buf[k])
+        plane, buf = _planes(a, k)
+        torch.index_select(plane, 0, a.block_ids, out=buf)
 
 
 def scatter_torch(a: KVArgs) -> None:
     for k in range(2):
-        a.cache.select(a.kv_dim, k).index_copy_(0, a.block_ids, a.buf[k])
+        plane, buf = _planes(a, k)
+        plane.index_put_((a.block_ids,), buf)
 
 
 def run_cuda(launcher: Launcher, a: KVArgs, *, scatter: bool) -> None:

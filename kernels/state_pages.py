@@ -31,6 +31,7 @@ from ._checks import (
 )
 from ._grid import block, grid, vector_width
 from ._launch import Launcher, i64, ptr
+from ._words import as_rows, as_words
 
 #: Pages are split into chunks of this many bytes so a few large pages still spread
 #: over every SM (a 2 MiB SSM page becomes 32 thread blocks).
@@ -127,7 +128,16 @@ def prepare(
 
 def copy_torch(a: StateArgs) -> None:
     for s, d in zip(a.src, a.dst, strict=True):
-        d.index_copy_(0, a.dst_slots, s.index_select(0, a.src_slots))
+        if s.dim() == 1:  # a page of one element: nothing to reinterpret
+            d.index_copy_(0, a.dst_slots, s.index_select(0, a.src_slots))
+            continue
+        s_rows, d_rows = as_rows(s), as_rows(d)
+        if s_rows.dim() != 2 or d_rows.dim() != 2:
+            s_rows, d_rows = s, d
+        s_w, d_w = as_words(s_rows), as_words(d_rows)
+        if s_w.dtype != d_w.dtype:  # differently aligned: move them as they are
+            s_w, d_w = s_rows, d_rows
+        d_w.index_put_((a.dst_slots,), s_w.index_select(0, a.src_slots))
 
 
 def copy_cuda(launcher: Launcher, a: StateArgs) -> None:

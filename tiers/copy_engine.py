@@ -310,10 +310,12 @@ class CopyEngine:
             if self.is_cuda:
                 job.ready_event = torch.cuda.Event()
                 job.ready_event.record(torch.cuda.current_stream(self.device))
+            inline = [t.name for t in transfers if self.is_cuda and t.fetch is None and self._enqueue_inline(t.src)]
+            if inline:
+                self._run_inline(job, inline)  # nothing for a thread to do: enqueue now
+            skip = set(inline)
             for t in transfers:
-                if self.is_cuda and t.fetch is None and self._enqueue_inline(t.src):
-                    self._run(job, t.name)  # nothing for a thread to do: enqueue now
-                else:
+                if t.name not in skip:
                     self._pool.submit(self._run, job, t.name)
         return job
 
@@ -354,6 +356,30 @@ class CopyEngine:
             job._finish(name, None, None, exc)
             return
         job._finish(name, result, event, None)
+
+    def _run_inline(self, job: TransferJob, names: list[str]) -> None:
+        """Enqueue device/pinned copies from the submitting thread, in order, entering
+        the stream context once (per-layer Python overhead delays the caller's next
+        kernels, so it is kept to a few microseconds)."""
+        with self._stream_lock:
+            stream = self._stream()
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            stream.wait_event(job.ready_event)
+            for name in names:
+                t = job._start(name)
+                if t is None:
+                    continue
+                try:
+                    result = self._land(t, t.src, non_blocking=True)
+                    for tensor in (t.dst, t.src, result):
+                        if tensor is not None and tensor.device.type == "cuda":
+                            tensor.record_stream(stream)
+                    event = torch.cuda.Event()
+                    event.record(stream)
+                except BaseException as exc:  # noqa: BLE001 - reported per layer
+                    job._finish(name, None, None, exc)
+                    continue
+                job._finish(name, result, event, None)
 
     def _land(self, t: LayerTransfer, source: torch.Tensor | None, *, non_blocking: bool) -> torch.Tensor:
         if t.dst is not None:

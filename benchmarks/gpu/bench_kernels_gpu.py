@@ -6,6 +6,8 @@ moves data as fast as the copy engine of the framework. Also printed: the torch
 fallback on the same CUDA tensors, to show what the kernels buy. Target: >= 0.7.
 
     python3 benchmarks/gpu/bench_kernels_gpu.py [--quick]
+    python benchmarks/gpu/bench_kernels_gpu.py --device cpu --shrink 64
+        (a smoke run of the same code without a GPU; the figures mean nothing)
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,12 +28,23 @@ import kernels  # noqa: E402
 DEV = torch.device("cuda")
 
 
+SHRINK = 1  # divides every size (for smoke runs)
+
+
 def timed(fn: Callable[[], object], iters: int, inner: int = 5) -> float:
     """Median seconds per call over ``iters`` samples of ``inner`` back-to-back calls,
     CUDA-event timed after warm-up. Host-side work (index checks, launches) counts
     whenever it is slower than the GPU work it feeds."""
     for _ in range(3):
         fn()
+    if DEV.type != "cuda":
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times.append((time.perf_counter() - t0) / inner)
+        return statistics.median(times)
     torch.cuda.synchronize()
     times = []
     for _ in range(iters):
@@ -48,7 +62,7 @@ Bench = Callable[[str, int, Callable[[], object]], None]
 
 
 def copy_bandwidth(iters: int) -> float:
-    n = 1 << 30
+    n = (1 << 30) // SHRINK
     a = torch.empty(n, dtype=torch.uint8, device=DEV)
     b = torch.empty_like(a)
     return 2 * n / timed(lambda: b.copy_(a), iters)
@@ -56,7 +70,7 @@ def copy_bandwidth(iters: int) -> float:
 
 def bench_anchors(bench: Bench, g: torch.Generator) -> None:
     """16k sparse rows of a 64k-token, 4096-wide bf16 activation."""
-    tokens, hidden, n = 65536, 4096, 16384
+    tokens, hidden, n = 65536 // SHRINK, 4096, 16384 // SHRINK
     h = torch.randn(tokens, hidden, device=DEV, generator=g, dtype=torch.bfloat16)
     pos = torch.randperm(tokens)[:n].sort().values
     out = torch.empty(n, hidden, dtype=torch.bfloat16, device=DEV)
@@ -74,7 +88,7 @@ def bench_anchors(bench: Bench, g: torch.Generator) -> None:
 
 def bench_kv(bench: Bench, g: torch.Generator, layout: str) -> None:
     """One layer of 16k blocks (16 tokens x 8 heads x 128, bf16); a 4k-block chunk."""
-    nb, bs, heads, hd, n_blk = 16384, 16, 8, 128, 4096
+    nb, bs, heads, hd, n_blk = 16384 // SHRINK, 16, 8, 128, 4096 // SHRINK
     ids = torch.randperm(nb)[:n_blk]
     traffic = 2 * (2 * n_blk * bs * heads * hd * 2)
     if layout == "flash_attn":  # NHD physical order
@@ -91,26 +105,31 @@ def bench_kv(bench: Bench, g: torch.Generator, layout: str) -> None:
 
 def bench_states(bench: Bench, g: torch.Generator) -> None:
     """24 GDN layers: conv [3, 8192] bf16 + ssm [32, 128, 128] fp32 per slot, 16 pages."""
-    slots, layers, n_pages = 48, 24, 16
+    slots, layers, n_pages = 48, 24 // min(SHRINK, 8), 16
     conv = [torch.randn(slots, 3, 8192, device=DEV, generator=g, dtype=torch.bfloat16) for _ in range(layers)]
     ssm = [torch.randn(slots, 32, 128, 128, device=DEV, generator=g) for _ in range(layers)]
     states = conv + ssm
     page_bytes = sum(t[0].numel() * t.element_size() for t in states)
     src_slots, dst_slots = list(range(n_pages)), list(range(slots - n_pages, slots))
-    bench("state pages (24 GDN layers)", 2 * n_pages * page_bytes,
+    bench(f"state pages ({layers} GDN layers)", 2 * n_pages * page_bytes,
           lambda: kernels.copy_state_pages(states, states, src_slots, dst_slots))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--shrink", type=int, default=1, help="divide sizes (smoke runs)")
     args = ap.parse_args()
+    global DEV, SHRINK
+    DEV, SHRINK = torch.device(args.device), max(1, args.shrink)
     iters = 10 if args.quick else 30
     g = torch.Generator(device=DEV).manual_seed(0)
     copy_bw = copy_bandwidth(iters)
     backend = kernels.backend_name(torch.empty(0, device=DEV))
-    print(f"device {torch.cuda.get_device_name()} | kernel backend {backend}")
-    print(f"reference: device-to-device copy_ of 1 GiB: {copy_bw / 1e12:.2f} TB/s (read + write)")
+    name = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu"
+    print(f"device {name} | kernel backend {backend}")
+    print(f"reference: device-to-device copy_ of {1024 // SHRINK} MiB: {copy_bw / 1e12:.2f} TB/s (read + write)")
 
     rows: list[tuple[str, int, float, float]] = []
 

@@ -7,8 +7,8 @@ style), restores a cached prefix while the suffix is prefilled:
   ``--head-size``, bf16) sits in pinned host memory; it lands in a device staging
   buffer and a ``post`` hook scatters it into the layer's paged KV cache
   (``kernels.scatter_kv_blocks``) on the copy stream;
-* GDN layer: its conv state [3, 8192] bf16 and SSM state [32, 128, 128] fp32 land in
-  staging and are copied into the layer's state slot (``kernels.copy_state_pages``).
+* GDN layer: its state page (conv [3, 8192] bf16 | SSM [32, 128, 128] fp32, one
+  contiguous page as in vLLM's Mamba layout) lands straight in the layer's slot.
 
 Compute per layer is an MLP-sized pair of bf16 matmuls over ``--suffix`` tokens. Each
 layer's compute waits on its own layer (``job.wait``), exactly what an integration
@@ -17,6 +17,8 @@ does. Reported: compute alone, load alone, both overlapped, and
 The restored caches are checked against the host copy after the overlapped run.
 
     python3 benchmarks/gpu/bench_overlap.py [--quick]
+    python benchmarks/gpu/bench_overlap.py --device cpu --prefix 256 --hidden 64 --suffix 64
+        (a smoke run of the same code on a machine without a GPU; the figures mean nothing)
 """
 
 from __future__ import annotations
@@ -37,12 +39,21 @@ from tiers.copy_engine import CopyEngine, LayerTransfer  # noqa: E402
 DEV = torch.device("cuda")
 
 
+def _pin(t: torch.Tensor) -> torch.Tensor:
+    return t.pin_memory() if DEV.type == "cuda" else t
+
+
+def _sync() -> None:
+    if DEV.type == "cuda":
+        torch.cuda.synchronize()
+
+
 class Stack:
     def __init__(self, prefix: int, kv_heads: int, head_size: int, hidden: int, suffix: int) -> None:
         self.kinds = ["gdn", "gdn", "gdn", "attn"] * 8
         bs = 16
         self.n_blocks = prefix // bs
-        self.block_ids = list(range(1, 2 * self.n_blocks, 2))  # scattered destination blocks
+        self.block_ids = torch.arange(1, 2 * self.n_blocks, 2)  # scattered destination blocks
         g = torch.Generator().manual_seed(0)
         self.host: list[torch.Tensor] = []
         self.staging: list[torch.Tensor] = []
@@ -51,16 +62,16 @@ class Stack:
             if kind == "attn":
                 shape = (2, self.n_blocks, bs, kv_heads, head_size)
                 data = torch.randint(-100, 100, shape, generator=g).to(torch.bfloat16)
-                self.host.append(data.pin_memory())
+                self.host.append(_pin(data))
                 self.staging.append(torch.empty(shape, dtype=torch.bfloat16, device=DEV))
                 self.caches.append([torch.zeros(2, 2 * self.n_blocks + 1, bs, kv_heads, head_size,
                                                 dtype=torch.bfloat16, device=DEV)])
             else:
                 conv_bytes, ssm_bytes = 3 * 8192 * 2, 32 * 128 * 128 * 4
                 page = torch.randint(0, 256, (conv_bytes + ssm_bytes,), generator=g, dtype=torch.uint8)
-                self.host.append(page.pin_memory())
-                self.staging.append(torch.empty_like(page, device=DEV))
+                self.host.append(_pin(page))
                 pool = torch.zeros(8, conv_bytes + ssm_bytes, dtype=torch.uint8, device=DEV)
+                self.staging.append(pool[5])  # the slot's page itself
                 self.caches.append([pool[:, :conv_bytes].view(torch.bfloat16).view(8, 3, 8192),
                                     pool[:, conv_bytes:].view(torch.float32).view(8, 32, 128, 128)])
         self.load_bytes = sum(h.numel() * h.element_size() for h in self.host)
@@ -77,15 +88,7 @@ class Stack:
     def _post(self, i: int, kind: str):  # type: ignore[no-untyped-def]
         if kind == "attn":
             return lambda landed: kernels.scatter_kv_blocks(self.caches[i][0], self.block_ids, landed)
-        conv, ssm = self.caches[i]
-
-        def restore(landed: torch.Tensor) -> None:
-            split = conv[0].numel() * 2
-            stage_conv = landed[:split].view(torch.bfloat16).view(1, 3, 8192)
-            stage_ssm = landed[split:].view(torch.float32).view(1, 32, 128, 128)
-            kernels.copy_state_pages([stage_conv, stage_ssm], [conv, ssm], [0], [5])
-
-        return restore
+        return None  # the page landed in place
 
     def layer(self, x: torch.Tensor) -> torch.Tensor:
         return x + torch.relu(x @ self.w1) @ self.w2
@@ -107,15 +110,15 @@ class Stack:
 
 
 def wall(fn) -> float:  # type: ignore[no-untyped-def]
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    _sync()
     return time.perf_counter() - t0
 
 
 def h2d_bandwidth() -> float:
-    host = torch.empty(1 << 28, dtype=torch.uint8).pin_memory()
+    host = _pin(torch.empty(1 << 28, dtype=torch.uint8))
     dev = torch.empty_like(host, device=DEV)
     return host.numel() / min(wall(lambda: dev.copy_(host, non_blocking=True)) for _ in range(5))
 
@@ -158,11 +161,15 @@ def main() -> None:
     ap.add_argument("--head-size", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=2560)
     ap.add_argument("--suffix", type=int, nargs="+", default=[4096, 1024])
+    ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
+    global DEV
+    DEV = torch.device(args.device)
     reps = 3 if args.quick else 7
     backend = kernels.backend_name(torch.empty(0, device=DEV))
-    print(f"device {torch.cuda.get_device_name()} | kernel backend {backend}")
-    print(f"pinned host->device copy: {h2d_bandwidth() / 1e9:.1f} GB/s")
+    name = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu"
+    print(f"device {name} | kernel backend {backend}")
+    print(f"host->device copy (pinned on CUDA): {h2d_bandwidth() / 1e9:.1f} GB/s")
     with CopyEngine(max_workers=2, device=DEV) as engine:
         for suffix in args.suffix:
             stack = Stack(args.prefix, args.kv_heads, args.head_size, args.hidden, suffix)

@@ -16,6 +16,10 @@ Semantics (identical on both backends; see ``kernels/__init__.py`` for dispatch)
   then rounded to ``dst.dtype`` (nearest even). Positions must be unique (a scatter).
 
 The input tensors are only read; ``out``/``dst`` are the only tensors written.
+
+One anchor block holds the rows of every recurrent group: allocate
+``[groups, n, hidden]`` (and ``[groups, n]`` float32 scales for fp8) once and pack
+group ``g`` with ``out=buf[g], scale_out=scales[g]``; each slice is dense.
 """
 
 from __future__ import annotations

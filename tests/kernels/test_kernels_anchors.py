@@ -134,3 +134,17 @@ def test_bad_input_raises_value_error(call, match: str) -> None:  # type: ignore
 def test_packed_nbytes() -> None:
     p = PackedAnchors(torch.empty(3, 10, dtype=torch.float8_e4m3fn), torch.empty(3))
     assert p.nbytes == 30 + 12
+
+
+def test_pack_groups_into_one_block() -> None:
+    groups = [_hidden(12, 16, torch.bfloat16, g) for g in range(3)]
+    pos = [2, 7, 11]
+    buf = torch.empty(3, len(pos), 16, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(3, len(pos))
+    for g, h in enumerate(groups):
+        kernels.pack_anchors(h, pos, dtype=torch.float8_e4m3fn, out=buf[g], scale_out=scales[g])
+    for g, h in enumerate(groups):
+        alone = kernels.pack_anchors(h, pos, dtype=torch.float8_e4m3fn)
+        assert alone.scale is not None
+        assert torch.equal(buf[g].view(torch.uint8), alone.data.view(torch.uint8))
+        assert torch.equal(scales[g], alone.scale)

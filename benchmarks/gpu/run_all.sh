@@ -3,9 +3,10 @@
 # on a CUDA machine:  bash benchmarks/gpu/run_all.sh [--quick]
 #
 #   1. picks a Python with a CUDA build of torch ($PYTHON, else python3, else .venv)
-#   2. picks the kernel launcher: CuPy if `import cupy` works; else nvcc + libcuda
-#      (HC_KERNEL_BACKEND=cubin, cubins cached in $HC_KERNEL_CACHE); the GPU box has
-#      no internet, so nothing is pip-installed here
+#   2. picks the kernel launcher: CuPy if it compiles and runs the kernels (a probe
+#      compares them with torch); else nvcc + libcuda (HC_KERNEL_BACKEND=cubin,
+#      cubins cached in $HC_KERNEL_CACHE); the GPU box has no internet, so nothing is
+#      pip-installed here (HC_KERNEL_BACKEND set by the caller skips the probe)
 #   3. compiles every kernels/*.cu for sm_90 (scripts/check_cuda.sh) when nvcc exists
 #   4. runs tests/kernels (CPU tests + CUDA-vs-torch bit-identity + stream ordering)
 #   5. benchmarks/gpu/bench_kernels_gpu.py: kernel bandwidth / device copy_ bandwidth
@@ -49,12 +50,15 @@ if ! "$py" -c 'import kernels, tiers.copy_engine' >/dev/null 2>&1; then
 fi
 
 if [ -z "${HC_KERNEL_BACKEND:-}" ]; then
-  if "$py" -c 'import cupy' >/dev/null 2>&1; then
-    export HC_KERNEL_BACKEND=cupy
-  elif command -v nvcc >/dev/null 2>&1; then
-    export HC_KERNEL_BACKEND=cubin
-  else
-    echo "run_all: neither cupy nor nvcc available: CUDA kernels cannot run" >&2
+  # prefer CuPy, then nvcc + libcuda; each must pass a tiny compile-and-compare probe
+  for cand in cupy cubin; do
+    if HC_KERNEL_BACKEND=$cand timeout 45 "$py" benchmarks/gpu/probe_backend.py; then
+      export HC_KERNEL_BACKEND=$cand
+      break
+    fi
+  done
+  if [ -z "${HC_KERNEL_BACKEND:-}" ]; then
+    echo "run_all: neither cupy nor nvcc could run the kernels" >&2
     export HC_KERNEL_BACKEND=torch
     failed+=("launcher")
   fi
@@ -75,9 +79,9 @@ step() {  # step NAME SECONDS CMD...
 if command -v nvcc >/dev/null 2>&1; then
   step check_cuda 60 bash scripts/check_cuda.sh
 fi
-step tests 180 "$py" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --timeout=150
-step bench_kernels 120 "$py" benchmarks/gpu/bench_kernels_gpu.py $quick
-step bench_overlap 90 "$py" benchmarks/gpu/bench_overlap.py $quick
+step tests 150 "$py" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --timeout=120
+step bench_kernels 100 "$py" benchmarks/gpu/bench_kernels_gpu.py $quick
+step bench_overlap 80 "$py" benchmarks/gpu/bench_overlap.py $quick
 
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "run_all: FAILED: ${failed[*]}"

@@ -41,7 +41,7 @@ nvidia-smi -L 2>&1 || true
 
 # The GPU box cannot reach a registry: if the project's own pure-python deps are
 # missing there (tiers/__init__.py may import the core), install carried wheels from
-# ./.whl (see /work/.library/device/README.md on carrying wheels) before giving up.
+# ./.whl (fetched elsewhere with `pip download`) before giving up.
 if ! "$py" -c 'import kernels, tiers.copy_engine' >/dev/null 2>&1; then
   if [ -d "$root/.whl" ]; then
     "$py" -m pip install -q --no-index --find-links "$root/.whl" blake3 pydantic pyyaml zstandard aiofiles 2>&1 | tail -n 3 || true

@@ -144,7 +144,9 @@ class CubinLauncher:
             self._cache.mkdir(parents=True, exist_ok=True)
             tmp = out.with_suffix(f".{os.getpid()}.tmp")
             cmd = [self._nvcc, f"-arch={arch}", "-O3", "--cubin", "-o", str(tmp), str(src)]
-            subprocess.run(cmd, check=True, capture_output=True)
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"nvcc failed on {src.name} for {arch}:\n{done.stderr[-4000:]}")
             tmp.replace(out)  # atomic: concurrent processes never read half a file
         return out.read_bytes()
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybrid_connector.config import HybridConfig, load_config
+from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.policies import build
 from hybrid_connector.policies.accounting import (
@@ -77,9 +78,16 @@ class PolicySpec:
     def config(self, base: dict[str, Any] | None = None) -> HybridConfig:
         return load_config(None, {**SIM_BASE, **(base or {}), **self.overrides}, environ={})
 
-    def budget(self, total: int) -> Budget:
+    def budget(self, total: int, state_share: float | None = None) -> Budget:
+        """KV+states pooled (``state_share`` None, the reference's single size) or split
+        with ``state_share`` of the non-anchor bytes for states (the deployed pools)."""
         anchor = int(total * self.anchor_share) if self.anchors else 0
-        return Budget.pooled(total - anchor, anchor)
+        if state_share is None:
+            return Budget.pooled(total - anchor, anchor)
+        rest = total - anchor
+        state = int(rest * state_share)
+        return Budget.per_kind({ObjectKind.KV: rest - state, ObjectKind.STATE: state,
+                                ObjectKind.ANCHOR: anchor})
 
     def build_admission(self, config: HybridConfig) -> AdmissionPolicy:
         return self.admission(config) if self.admission else build.admission(config)

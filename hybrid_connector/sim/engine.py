@@ -11,7 +11,8 @@ For each request, in trace order (a logical clock, no concurrency, as the refere
 What an engine can physically produce is respected: checkpoints only at positions past the
 hit (the engine holds the state at p and computes onwards), full KV chunks of
 ``config.chunk_size`` from ``sp.kv_from`` during prefill and the rest (including the
-partial tail chunk) at finish, anchor pages only for tokens it computed. Payloads are
+partial tail chunk) at finish, cut at checkpoint positions so every checkpoint has KV
+ending exactly at it, anchor pages only for tokens it computed. Payloads are
 zero-stride tensors of the real byte sizes from the geometry; a ``SizeOnlyStore`` only
 accounts them.
 """
@@ -100,11 +101,14 @@ class Simulator:
         p = plan.num_tokens
         sp = cache.plan_saves(inp)
         items: list[SaveItem] = []
-        start = sp.kv_from
-        while start + C <= n:
-            items.append(self._kv(start, start + C))
-            start += C
         states = [pos for pos in sp.state_positions if p < pos < n]
+        # Chunks of C from kv_from, also cut at every checkpoint so each checkpoint is
+        # backed by KV ending exactly there (a paged engine's KV always is).
+        cuts = sorted({*range(sp.kv_from + C, n + 1, C), *(q for q in states if q > sp.kv_from)})
+        start = sp.kv_from
+        for end in cuts:
+            items.append(self._kv(start, end))
+            start = end
         items += [SaveItem(ObjectKind.STATE, pos, pos, zero_payload(self.state_bytes)) for pos in states]
         if self.anchors:
             items += self._anchor_pages(p, n)

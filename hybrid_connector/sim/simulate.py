@@ -84,7 +84,7 @@ def _arrays(r: Record) -> tuple[np.ndarray, np.ndarray]:
 def run_once(
     records: Sequence[Record], spec: PolicySpec, geometry: ModelGeometry, total_bytes: int,
     alpha: float | None = None, prefill: PrefillModel | None = None,
-    base: dict[str, Any] | None = None,
+    base: dict[str, Any] | None = None, state_share: float | None = None,
 ) -> SimResult:
     """Replay ``records`` (sorted by ts here) through one fresh cache built from ``spec``;
     ``alpha`` forces a fixed alpha (the oracle's grid points)."""
@@ -93,7 +93,7 @@ def run_once(
     if alpha is not None:
         over["alpha"] = float(alpha)
     config = spec.config(over)
-    budget = spec.budget(total_bytes)
+    budget = spec.budget(total_bytes, state_share)
     eviction: EvictionPolicy
     if alpha is not None:
         eviction = MarconiEviction(alpha=float(alpha))
@@ -144,15 +144,18 @@ def run_once(
 def run_spec(
     records: Sequence[Record], spec: PolicySpec, geometry: ModelGeometry, total_bytes: int,
     prefill: PrefillModel | None = None, base: dict[str, Any] | None = None,
+    state_share: float | None = None,
 ) -> SimResult:
     """``run_once``, or for a spec with an ``alpha_grid`` (the oracle) the best grid point
     by FLOPs saved (ties: the smaller alpha)."""
     if not spec.alpha_grid:
-        return run_once(records, spec, geometry, total_bytes, prefill=prefill, base=base)
+        return run_once(records, spec, geometry, total_bytes, prefill=prefill, base=base,
+                        state_share=state_share)
     best: SimResult | None = None
     t0 = time.perf_counter()
     for a in spec.alpha_grid:
-        res = run_once(records, spec, geometry, total_bytes, alpha=a, prefill=prefill, base=base)
+        res = run_once(records, spec, geometry, total_bytes, alpha=a, prefill=prefill, base=base,
+                       state_share=state_share)
         if best is None or res.flops_saved > best.flops_saved:
             best = res
     assert best is not None

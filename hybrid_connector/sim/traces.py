@@ -134,6 +134,8 @@ def agentic(
     max_input: int = 32768,
     sessions_per_second: float = 0.5,
     mean_delay: float = 7.5,
+    side_calls: float = 0.0,
+    side_prompt_mean: int = 600,
     vocab: int = 32000,
     as_arrays: bool = False,
 ) -> list[Record]:
@@ -149,11 +151,18 @@ def agentic(
     and retries from there (a branch at an earlier depth). Sessions start
     ``1/sessions_per_second`` s apart; turns are Poisson with mean ``mean_delay`` s. A
     session ends after ``turns`` turns or when the input would exceed ``max_input``.
+
+    ``side_calls`` (mean, Poisson) one-shot auxiliary requests follow each turn (a
+    summariser or tool-formatting call, as agent frameworks issue): a shared 256-token
+    auxiliary prompt plus a fresh lognormal body (mean ``side_prompt_mean``, sigma 0.6)
+    and a short answer. They are recent but never reused: the mix where recency alone keeps
+    the wrong entries and FLOPs per byte tells them apart.
     """
     if num_sessions < 0 or turns < 0 or not 0 <= retry_prob < 1:
         raise ValueError("num_sessions, turns >= 0 and retry_prob in [0, 1) required")
     rng = np.random.default_rng(seed)
     scaffold = _toks(rng, scaffold_tokens, vocab)
+    aux = _toks(rng, 256, vocab)
     out: list[Record] = []
     for s in range(num_sessions):
         head = np.concatenate([scaffold, _toks(rng, rng.integers(*task_tokens, endpoint=True), vocab)])
@@ -174,6 +183,12 @@ def agentic(
                         "input_tokens": inp, "output_tokens": action})
             obs = _toks(rng, _lognormal(rng, observation_mean, 1.0, 16, 8192), vocab)
             steps.append((action, obs))
+            for c in range(int(rng.poisson(side_calls)) if side_calls > 0 else 0):
+                body = _toks(rng, _lognormal(rng, side_prompt_mean, 0.6, 16, 8192), vocab)
+                out.append({"session_id": f"agent-{s}-aux-{t}-{c}", "turn_id": 0,
+                            "ts": float(ts + rng.uniform(0.1, 2.0)),
+                            "input_tokens": np.concatenate([aux, body]),
+                            "output_tokens": _toks(rng, rng.integers(16, 128, endpoint=True), vocab)})
             ts += rng.exponential(mean_delay)
     return _finish(out, as_arrays)
 

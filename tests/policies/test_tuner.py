@@ -1,0 +1,103 @@
+"""Alpha tuner: when it runs, what it picks, drift, threads; and on real replays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybrid_connector.policies.accounting import CorrectedAccounting
+from hybrid_connector.policies.admission import MarconiAdmission
+from hybrid_connector.policies.marconi import MarconiEviction
+from hybrid_connector.policies.tuner import AlphaTuner, TunerRequest
+from hybrid_connector.sim.engine import Simulator
+from hybrid_connector.sim.replay import CacheReplayer
+from hybrid_connector.sim.store import Budget
+from hybrid_connector.sim.traces import agentic, multi_turn_chat
+
+
+def _req(n: int) -> tuple[np.ndarray, int]:
+    return np.arange(3, 3 + n), n - 1
+
+
+def length_replayer(window, alpha, eval_from) -> float:
+    """Scores alpha by closeness to (mean prompt length / 1000) over the evaluated part."""
+    target = float(np.mean([r.prompt_len for r in window[eval_from:]])) / 1000.0
+    return -abs(alpha - target)
+
+
+def test_no_tuning_before_the_first_eviction_then_at_multiplier_times_r() -> None:
+    t = AlphaTuner(length_replayer, grid=(0.0, 1.0, 2.0), bootstrap_multiplier=3,
+                   retune_interval=0, background=False, min_window=1)
+    for _ in range(10):
+        t.record(*_req(1000))
+    assert t.poll() is None and not t.history
+    t.start(4)  # first eviction after 4 requests: tune once 12 are seen
+    t.record(*_req(1000))
+    assert t.poll() is None
+    t.record(*_req(1000))
+    assert t.poll() == 1.0 and t.history[0].window == 12
+    for _ in range(50):
+        t.record(*_req(2000))
+    assert t.poll() is None  # retune_interval 0: never again
+
+
+def test_retuning_follows_drift() -> None:
+    t = AlphaTuner(length_replayer, grid=(0.0, 1.0, 2.0), bootstrap_multiplier=2,
+                   retune_interval=5, background=False, min_window=1)
+    t.start(3)
+    got = []
+    for n in [1000] * 6 + [2000] * 12 + [10] * 12:
+        t.record(*_req(n))
+        a = t.poll()
+        if a is not None:
+            got.append(a)
+    assert got[0] == 1.0 and 2.0 in got and got[-1] == 0.0
+
+
+def test_ties_keep_the_current_alpha_and_bad_input_raises() -> None:
+    t = AlphaTuner(lambda w, a, e: 1.0, grid=(0.0, 0.5), background=False)
+    t.current = 0.5
+    assert t.search([TunerRequest(np.arange(3, 10), 3)] * 4).chosen == 0.5
+    with pytest.raises(ValueError):
+        AlphaTuner(length_replayer, grid=())
+    with pytest.raises(ValueError):
+        t.record(np.arange(3, 10), 0)
+
+
+def test_background_thread_round() -> None:
+    t = AlphaTuner(length_replayer, grid=(0.0, 2.0), bootstrap_multiplier=1,
+                   retune_interval=0, background=True, min_window=1)
+    t.start(2)
+    t.record(*_req(1800))
+    t.record(*_req(1800))
+    t.close()  # joins the worker
+    assert t.poll() == 2.0
+
+
+def test_real_replays_pick_different_alphas_for_different_workloads(geo, sim_config) -> None:
+    """Through the real cache: the grid search's scores differ across alphas and across
+    workloads, and the policy adopts the tuner's choice."""
+    budget = Budget.pooled(int(1e9))  # small enough that eviction decides the hit rate
+    replayer = CacheReplayer(sim_config, geo, budget, MarconiAdmission, CorrectedAccounting)
+    grid = (0.0, 2.0)
+    agent = agentic(6, 14, 0, sessions_per_second=1.0, side_calls=2.0, as_arrays=True)
+    chat = multi_turn_chat(30, 6, 1, lengths="sharegpt", num_system_prompts=2, as_arrays=True)
+    choices = {}
+    for name, recs in (("agentic", agent), ("chat", chat)):
+        window = [TunerRequest(np.concatenate([r["input_tokens"], r["output_tokens"]]),
+                               len(r["input_tokens"])) for r in recs]
+        t = AlphaTuner(replayer, grid=grid, background=False)
+        rnd = t.search(window)
+        assert rnd.scores[0.0] != rnd.scores[2.0], name
+        choices[name] = rnd.chosen
+    # Agent contexts are worth protecting per byte; short one-shot chats are not.
+    assert choices == {"agentic": 2.0, "chat": 0.0}, choices
+    # The policy side: an auto policy adopts what its tuner reports.
+    tuner = AlphaTuner(replayer, grid=grid, bootstrap_multiplier=1, retune_interval=0,
+                       background=False)
+    pol = MarconiEviction(alpha=None, tuner=tuner)
+    sim = Simulator(sim_config, geo, budget, eviction=pol, on_request=pol.on_request)
+    for r in agent:
+        sim.step(r["input_tokens"], r["output_tokens"])
+    assert tuner.history and pol.alpha == tuner.history[-1].chosen
+    assert pol.alpha_history

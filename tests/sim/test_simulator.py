@@ -1,0 +1,102 @@
+"""The replay loop through the real cache, metrics, baselines and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hybrid_connector.cli import main
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.policies.marconi import MarconiEviction
+from hybrid_connector.sim.baselines import baseline_specs, vllm_align_block
+from hybrid_connector.sim.engine import Simulator, anchor_page_bytes
+from hybrid_connector.sim.prefill import PrefillModel
+from hybrid_connector.sim.simulate import run_once, run_spec
+from hybrid_connector.sim.store import Budget
+from hybrid_connector.sim.traces import agentic, multi_turn_chat, save_jsonl
+
+
+def test_step_semantics(geo, sim_config) -> None:
+    sim = Simulator(sim_config, geo, Budget.pooled(10**13), eviction=MarconiEviction(alpha=0.0))
+    rng = np.random.default_rng(0)
+    a, out = rng.integers(3, 9000, size=1000), rng.integers(3, 9000, size=100)
+    first = sim.step(a, out)
+    assert first.hit == 0 and first.states_saved == 1
+    nxt = np.concatenate([a, out, rng.integers(3, 9000, size=50)])
+    second = sim.step(nxt, out)
+    assert second.hit == 1100 and second.exact  # the final state of turn 1
+    assert second.loaded_bytes == 1100 * geo.kv_bytes_per_token() + geo.state_bytes()
+    # A branch: shares 600 tokens with a; Marconi admission checkpoints the branch point.
+    br = np.concatenate([a[:600], rng.integers(9000, 9999, size=300)])
+    third = sim.step(br, out)
+    assert third.hit == 0 and third.states_saved == 2
+    again = np.concatenate([a[:600], rng.integers(9000, 9999, size=10)])
+    assert sim.step(again, out).hit == 600
+    sim.cache.check_integrity()
+    used = sim.store.used(ObjectKind.KV)
+    assert used == sim.cache.tree.bytes[ObjectKind.KV]
+
+
+def test_anchor_pages_give_approximate_hits(geo) -> None:
+    from hybrid_connector.config import load_config
+
+    cfg = load_config(None, {"chunk_size": 256, "hash_block_size": 256, "alignment": 1,
+                             "replay": True}, environ={})
+    sim = Simulator(cfg, geo, Budget.pooled(10**13, 10**12), eviction=MarconiEviction(alpha=0.0),
+                    anchors=True)
+    rng = np.random.default_rng(1)
+    a = rng.integers(3, 9000, size=2000)
+    sim.step(a, np.array([5]))
+    b = np.concatenate([a[:1500], rng.integers(9000, 9999, size=20)])
+    res = sim.step(b, np.array([5]))
+    assert not res.exact and res.hit == 1472  # the last full 64-token page before 1500
+    assert anchor_page_bytes(geo, 64, 0.25) == 16 * geo.anchor_bytes_per_token()
+
+
+def test_prefill_model_is_monotone(geo) -> None:
+    m = PrefillModel()
+    t = [m.ttft(geo, 8000, hit) for hit in (0, 2000, 4000, 7999)]
+    assert t == sorted(t, reverse=True)
+    assert m.ttft(geo, 8000, 0) == pytest.approx(
+        m.overhead_s + geo.flops_saved(8000).total / (m.peak_flops * m.mfu))
+
+
+def test_vllm_align_block_matches_vllm_for_qwen35() -> None:
+    from hybrid_connector.model_presets import get_preset
+
+    assert vllm_align_block(get_preset("qwen3.5-4b")) == 528
+
+
+def test_baselines_run_and_order_on_a_branchy_agentic_trace(geo) -> None:
+    recs = agentic(4, 10, 0, sessions_per_second=1.0, side_calls=1.0, as_arrays=True)
+    specs = {s.name: s for s in baseline_specs(geo, grid=(0.0, 1.0))}
+    size = int(2e9)
+    res = {n: run_spec(recs, specs[n], geo, size) for n in ("vllm_block", "sglang", "oracle")}
+    assert res["sglang"].token_hit_rate > 2 * res["vllm_block"].token_hit_rate
+    fixed = [run_once(recs, specs["oracle"], geo, size, alpha=a).flops_saved for a in (0.0, 1.0)]
+    assert res["oracle"].flops_saved == max(fixed)
+    for r in res.values():
+        assert 0 <= r.token_hit_rate <= 1 and r.requests == len(recs)
+        assert r.ttft_p95 >= r.ttft_p50 > 0
+
+
+def test_cli_gen_trace_and_simulate(tmp_path, capsys) -> None:
+    trace = tmp_path / "chat.jsonl"
+    assert main(["gen-trace", "chat", "--out", str(trace), "--sessions", "4", "--turns", "3"]) == 0
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("eviction: marconi\nalpha: 0.5\n")
+    out = tmp_path / "rows.json"
+    assert main(["simulate", "--trace", str(trace), "--config", str(cfg), "--size", "2GiB",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert rows[0]["policy"] == "configured" and rows[0]["alpha"] == 0.5
+    assert "tok_hit" in capsys.readouterr().out
+    assert main(["simulate", "--trace", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_demo_generator_signature_still_works() -> None:
+    recs = multi_turn_chat(3, 2, 0)
+    assert len(recs) == 6 and isinstance(recs[0]["input_tokens"], list)
+    save_jsonl(recs, "/dev/null")

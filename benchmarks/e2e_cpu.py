@@ -178,17 +178,24 @@ def main() -> None:
 
     # Gate: calibrate replay quality on this model at the window the cache will use.
     cal_rt = make_runtime(model, replay=True)
-    # The cache's window: replay_budget_frac * p rounded down to pages, at least one page.
-    p_top = int(max(args.fracs) * args.tokens) // PAGE * PAGE
-    window = int(cal_rt.config.replay_budget_frac * p_top)
-    k = max(1, window // PAGE) * cal_rt.layout.keep
-    gate = ReplayGate.from_config(cal_rt.config)
-    calibrate_gate(cal_rt, gate, [tokens(1024, 5)], [960], [k], continuation=32)
-    q = gate.measured[k][0]
-    print(f"replay calibration (1024 tokens, p=960, k={k} anchors): KL {q.kl_mean:.2e} "
-          f"top1 {q.top1:.3f} cont32 {q.continuation:.3f} -> "
-          f"{'admitted' if gate.admits(k) else 'REJECTED'} "
-          f"(max_kl {gate.max_kl}, min_top1 {gate.min_top1})")
+    # The cache's window: replay_budget_frac * p rounded down to pages, at least one page;
+    # calibrate at the k of every shared fraction this run uses.
+    conf = cal_rt.config
+
+    def k_at(frac: float) -> int:
+        p = int(frac * args.tokens) // PAGE * PAGE
+        window = min(int(conf.replay_budget_frac * p), conf.replay_max_tokens)
+        return max(1, window // PAGE) * cal_rt.layout.keep
+
+    ks = sorted({k_at(f) for f in args.fracs})
+    gate = ReplayGate.from_config(conf)
+    calibrate_gate(cal_rt, gate, [tokens(1024, 5)], [960], ks, continuation=32)
+    for k in ks:
+        q = gate.measured[k][0]
+        print(f"replay calibration (1024 tokens, p=960, k={k} anchors): KL {q.kl_mean:.2e} "
+              f"top1 {q.top1:.3f} cont32 {q.continuation:.3f} -> "
+              f"{'admitted' if gate.admits(k) else 'REJECTED'} "
+              f"(max_kl {gate.max_kl}, min_top1 {gate.min_top1})")
     cal_rt.close()
 
     results = []
@@ -211,7 +218,8 @@ def main() -> None:
     name = ("e2e_cpu_quick" if args.quick else "e2e_cpu") + ("_longmem" if args.long_memory else "")
     (args.out / f"{name}.json").write_text(json.dumps(
         {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-         "calibration": q.__dict__, "results": results}, indent=2))
+         "calibration": [q.__dict__ for qs in gate.measured.values() for q in qs],
+         "results": results}, indent=2))
     plot(results, args.out / f"{name}.png")
     print(f"wrote {args.out / (name + '.json')} and {args.out / (name + '.png')}")
 

@@ -96,7 +96,7 @@ class NixlNvmeTier(NvmeTier):
             finally:
                 os.close(fd)
             os.rename(tmp, final)
-            self._fsync_dir()
+
             return final.name
         except OSError as exc:
             self._warn.warn("write", "nixl tier %s: put failed: %s", self.name, exc)
@@ -115,7 +115,7 @@ class NixlNvmeTier(NvmeTier):
             if h.key != entry.key.to_str() or h.codec != "raw":
                 return False
             self._xfer("READ", out.reshape(-1).view(torch.uint8), fd, hend)
-            return codec.checksum(codec.raw_bytes(out).data) == h.checksum
+            return codec.checksum(codec.raw_bytes(out).data, like=h.checksum) == h.checksum
         except (OSError, codec.CorruptObject):
             return False
         finally:

@@ -49,7 +49,7 @@ class RemoteClient(ABC):
     def put(self, name: str, blob: bytes) -> None: ...
 
     @abstractmethod
-    def get(self, name: str) -> bytes | None: ...
+    def get(self, name: str) -> bytes | bytearray | None: ...
 
     @abstractmethod
     def exists(self, name: str) -> bool: ...
@@ -125,12 +125,12 @@ class LmClient(RemoteClient):
             s.sendall(blob)
         self._do(run)
 
-    def get(self, name: str) -> bytes | None:
-        def run(s: socket.socket) -> bytes | None:
+    def get(self, name: str) -> bytearray | None:
+        def run(s: socket.socket) -> bytearray | None:
             code, length = self._ask(s, lm_protocol.Command.GET, name)
             if code != lm_protocol.SUCCESS:
                 return None
-            return bytes(self._recv_exact(s, length))
+            return self._recv_exact(s, length)
         return self._do(run)
 
     def exists(self, name: str) -> bool:
@@ -286,11 +286,7 @@ class RemoteTier(IndexedTier):
         if not ok or blob is None:
             return False
         try:
-            h_key = entry.key
-            t = codec.decode_blob(h_key, blob)
-            if tuple(t.shape) != entry.shape or t.dtype != entry.dtype:
-                raise codec.CorruptObject("remote blob does not match the index")
-            out.copy_(t)
+            codec.decode_blob_into(entry.key, blob, out)  # verifies key, shape, dtype, checksum
             return True
         except codec.CorruptObject as exc:
             log.warning("remote tier %s: dropping corrupt %s: %s", self.name, entry.handle, exc)

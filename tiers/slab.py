@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.tier import Entry, IndexedTier, nbytes_of
+from tiers.tier import Entry, IndexedTier, copy_into, nbytes_of
 
 ALIGN = 64  # bytes; keeps every dtype view aligned and copies cache-line friendly
 
@@ -123,13 +123,13 @@ class SlabTier(IndexedTier):
         assert isinstance(token, int)
         n = nbytes_of(payload)
         if n:
-            self._view(token, n, tuple(payload.shape), payload.dtype).copy_(payload)
+            copy_into(self._view(token, n, tuple(payload.shape), payload.dtype), payload)
         return token
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
         assert isinstance(entry.handle, int)
         if entry.nbytes:
-            out.copy_(self._view(entry.handle, entry.nbytes, entry.shape, entry.dtype))
+            copy_into(out, self._view(entry.handle, entry.nbytes, entry.shape, entry.dtype))
         return True
 
     def _release(self, entry: Entry) -> None:

@@ -22,6 +22,7 @@ Contract shared by every tier:
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
@@ -37,6 +38,29 @@ from hybrid_connector.keys import ObjectKey, ObjectKind
 def nbytes_of(t: torch.Tensor) -> int:
     """Payload size in bytes."""
     return t.numel() * t.element_size()
+
+
+def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` for contiguous tensors of the same dtype and size. Host to host it
+    is one plain single-threaded ``memmove`` (GIL released): torch's intra-op parallel copy
+    stalls for milliseconds when the other cores are busy, which an engine's always are."""
+    n = dst.numel() * dst.element_size()
+    if (dst.device.type == "cpu" and src.device.type == "cpu" and dst.dtype == src.dtype
+            and src.numel() == dst.numel() and dst.is_contiguous() and src.is_contiguous()):
+        if n:
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), n)
+    else:
+        dst.copy_(src)  # synchronous: the caller may reuse ``src`` right away
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """Writable flat byte view of a contiguous CPU tensor's storage (valid while ``t`` lives)."""
+    if t.device.type != "cpu" or not t.is_contiguous():
+        raise ValueError("byte_view needs a contiguous CPU tensor")
+    n = t.numel() * t.element_size()
+    if n == 0:
+        return memoryview(bytearray(0))
+    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B")
 
 
 def check_payload(t: object) -> str | None:
@@ -254,7 +278,14 @@ class IndexedTier(Tier):
             return None if e is None else (e.shape, e.dtype, e.nbytes)
 
     def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
-        return [self._put_one(k, t) for k, t in items]
+        out = [self._put_one(k, t) for k, t in items]
+        if any(out):
+            self._after_batch()
+        return out
+
+    def _after_batch(self) -> None:
+        """Runs once after a ``put`` batch stored anything, before ``put`` returns (e.g. one
+        directory fsync for the whole batch)."""
 
     def _put_one(self, key: ObjectKey, payload: torch.Tensor) -> bool:
         if check_payload(payload) is not None:

@@ -12,9 +12,11 @@ check on the agentic trace, and the eviction micro-benchmark (incremental index 
 full-walk reference on the same tree: same victims, time per eviction, ratio).
 
 KV and states share one byte budget (the reference's single cache size); ``default``
-gives 10% of it to anchors. Auto alpha uses the grid below with bootstrap multiplier 2 and
-re-tuning every 150 requests (the reference's 5 and 500 never trigger on traces this
-short); ``oracle`` is the best fixed alpha of the same grid in hindsight.
+gives 10% of it to anchors. Auto alpha uses the grid below with the reference's bootstrap
+multiplier 5, a 100-request floor on the window, and re-tuning every 100 requests (the
+reference's 500 never comes on traces this short); ``oracle`` is the best fixed alpha of
+the same grid in hindsight. Sizes are fractions of each trace's footprint; the agentic
+footprint counts every dead branch and side call, so its fractions are smaller.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ from hybrid_connector.sim.baselines import baseline_specs  # noqa: E402
 from hybrid_connector.sim.simulate import run_spec  # noqa: E402
 
 MODEL = "marconi-7b"
-BASE = {"bootstrap_multiplier": 2, "retune_interval": 150}
+BASE = {"bootstrap_multiplier": 5, "retune_interval": 100}
 FULL = {
     "grid": (0.0, 0.25, 0.5, 1.0, 2.0),
-    "fractions": (0.1, 0.25, 0.5),
+    "fractions": {"agentic": (0.03, 0.06, 0.12), "*": (0.1, 0.25, 0.5)},
     "traces": {
         "agentic": ("agentic", (16, 30, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
         "chat": ("chat", (48, 10, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
@@ -54,13 +56,13 @@ FULL = {
     },
 }
 QUICK = {
-    "grid": (0.0, 0.5, 1.0),
-    "fractions": (0.15, 0.4),
+    "grid": (0.0, 0.5, 2.0),
+    "fractions": {"agentic": (0.045, 0.09), "*": (0.15, 0.4)},
     "traces": {
         "agentic": ("agentic", (8, 20, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
-        "chat": ("chat", (24, 8, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
-        "docqa": ("docqa", (6, 120, 0), {}),
-        "sysprompt": ("sysprompt", (3, 200, 0), {}),
+        "chat": ("chat", (20, 8, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
+        "docqa": ("docqa", (5, 80, 0), {}),
+        "sysprompt": ("sysprompt", (3, 150, 0), {}),
     },
 }
 
@@ -215,7 +217,8 @@ def main() -> int:
         summ = traces.summarize(recs)
         print(f"trace {name}: {summ['requests']} requests, mean input {summ['mean_input']:.0f} tokens, "
               f"footprint {foot / 2**30:.2f} GiB")
-        for frac in setup["fractions"]:
+        fracs = setup["fractions"]
+        for frac in fracs.get(name, fracs["*"]):  # type: ignore[attr-defined]
             for pol in order:
                 jobs.append((name, key, int(foot * frac), pol, grid))
     t0 = time.perf_counter()
@@ -235,7 +238,7 @@ def main() -> int:
     stem.parent.mkdir(parents=True, exist_ok=True)
     write_outputs(rows, stem, order)
     print("\n".join(ordering_report(rows)))
-    mb = eviction_microbench(20 if args.quick else 60)
+    mb = eviction_microbench(60 if args.quick else 200)
     print(f"eviction micro-benchmark on {mb['nodes']:.0f} nodes: "
           f"KV {mb['kv_incremental_us']:.1f} us incremental vs {mb['kv_full_walk_us']:.1f} us full walk "
           f"({mb['kv_speedup']:.1f}x); STATE {mb['state_incremental_us']:.1f} vs "

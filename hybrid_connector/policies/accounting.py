@@ -54,12 +54,19 @@ class CorrectedAccounting(Accounting):
         self.geometry = geometry
         self.kv_per_token = geometry.kv_bytes_per_token()
         self.state_bytes = geometry.state_bytes()
+        self._memo: dict[tuple[int, int], float] = {}
 
     def savings(self, node_depth: int, parent_depth: int) -> float:
         """FLOPs of the edge ``[parent_depth, node_depth)`` given the parent's prefix."""
         if node_depth <= parent_depth:
             raise ValueError(f"empty edge [{parent_depth}, {node_depth})")
-        return self.geometry.flops_saved(node_depth - parent_depth, parent_depth).total
+        key = (node_depth, parent_depth)
+        got = self._memo.get(key)
+        if got is None:
+            if len(self._memo) >= 1 << 17:  # bounded: eviction asks the same edges repeatedly
+                self._memo.clear()
+            got = self._memo[key] = self.geometry.flops_saved(node_depth - parent_depth, parent_depth).total
+        return got
 
     def node_bytes(self, node_depth: int, parent_depth: int, has_state: bool, is_leaf: bool) -> int:
         """Bytes evicting the node frees: its state, plus its edge's KV for a leaf."""

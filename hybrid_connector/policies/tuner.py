@@ -65,7 +65,7 @@ class AlphaTuner:
         retune_interval: int = 500,
         eval_last: int = 500,
         background: bool = True,
-        min_window: int = 8,
+        min_window: int = 100,
     ) -> None:
         if not grid or any(a < 0 for a in grid):
             raise ValueError(f"alpha grid must be non-empty and >= 0, got {grid}")

@@ -19,7 +19,6 @@ accounts them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +29,7 @@ from hybrid_connector.config import HybridConfig
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SaveItem
+from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_pages
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
 
@@ -46,10 +46,7 @@ class StepResult:
     states_saved: int
 
 
-def anchor_page_bytes(geometry: ModelGeometry, page: int, density: float) -> int:
-    """Bytes of one anchor block: ``ceil(page * density)`` anchor tokens of one hidden state
-    per recurrent group (``anchor_bytes_per_token``)."""
-    return max(1, math.ceil(page * density)) * geometry.anchor_bytes_per_token()
+anchor_page_bytes = anchor_block_bytes  # what one page's anchor block costs (policies.anchors)
 
 
 class Simulator:
@@ -85,11 +82,10 @@ class Simulator:
         return SaveItem(ObjectKind.KV, start, end, zero_payload((end - start) * self.kv_tok))
 
     def _anchor_pages(self, lo: int, hi: int) -> list[SaveItem]:
-        """Anchor pages fully inside ``[lo, hi)`` (page aligned from 0)."""
-        first = -(-lo // self.page) * self.page
+        """Anchor blocks for the computed pages fully inside ``[lo, hi)``."""
         return [
-            SaveItem(ObjectKind.ANCHOR, s, s + self.page, zero_payload(self.anchor_bytes))
-            for s in range(first, hi - self.page + 1, self.page)
+            SaveItem(ObjectKind.ANCHOR, s, e, zero_payload(self.anchor_bytes))
+            for s, e in anchor_pages(lo, hi, self.page)
         ]
 
     def step(self, inp: np.ndarray, out: np.ndarray) -> StepResult:

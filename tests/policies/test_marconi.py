@@ -152,8 +152,8 @@ def test_default_cache_with_marconi_runs_and_tunes(geo) -> None:
                       environ={})
     pol = build.eviction(cfg)
     assert isinstance(pol, MarconiEviction)
-    sim = Simulator(cfg, geo, Budget.pooled(int(2e9)), eviction=pol, on_request=pol.on_request)
-    recs = agentic(4, 12, 5, as_arrays=True)
+    sim = Simulator(cfg, geo, Budget.pooled(int(0.6e9)), eviction=pol, on_request=pol.on_request)
+    recs = multi_turn_chat(30, 5, 5, lengths="sharegpt", as_arrays=True)
     _replay(sim, recs)
     assert pol.tuner is not None and pol.tuner.started
     pol.tuner.close()  # waits for a running round

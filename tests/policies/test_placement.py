@@ -107,3 +107,15 @@ def test_placement_admission_requests_dp_positions() -> None:
     cold = PlacementAdmission(MarconiAdmission(), slots=3, cold_start=True)
     p2 = np.arange(3, 3 + 1024)
     assert cold.state_positions(tree, tree.match(p2), p2, 1) == tuple(64 * b for b in balanced(16, 3))
+
+
+def test_anchor_pages_and_bytes(geo) -> None:
+    from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_pages
+
+    assert anchor_pages(0, 200, 64) == [(0, 64), (64, 128), (128, 192)]
+    assert anchor_pages(65, 256, 64) == [(128, 192), (192, 256)]  # only fully computed pages
+    assert anchor_pages(100, 120, 64) == []
+    groups = len(geo.recurrent_groups())
+    assert anchor_block_bytes(geo, 64, 1 / 16) == 4 * geo.hidden_size * 2 * groups
+    with pytest.raises(ValueError):
+        anchor_block_bytes(geo, 64, 0.0)

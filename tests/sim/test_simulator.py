@@ -70,9 +70,9 @@ def test_vllm_align_block_matches_vllm_for_qwen35() -> None:
 
 
 def test_baselines_run_and_order_on_a_branchy_agentic_trace(geo) -> None:
-    recs = agentic(4, 10, 0, sessions_per_second=1.0, side_calls=1.0, as_arrays=True)
+    recs = agentic(3, 8, 0, sessions_per_second=1.0, side_calls=1.0, as_arrays=True)
     specs = {s.name: s for s in baseline_specs(geo, grid=(0.0, 1.0))}
-    size = int(2e9)
+    size = int(1.5e9)
     res = {n: run_spec(recs, specs[n], geo, size) for n in ("vllm_block", "sglang", "oracle")}
     assert res["sglang"].token_hit_rate > 2 * res["vllm_block"].token_hit_rate
     fixed = [run_once(recs, specs["oracle"], geo, size, alpha=a).flops_saved for a in (0.0, 1.0)]
@@ -100,3 +100,24 @@ def test_demo_generator_signature_still_works() -> None:
     recs = multi_turn_chat(3, 2, 0)
     assert len(recs) == 6 and isinstance(recs[0]["input_tokens"], list)
     save_jsonl(recs, "/dev/null")
+
+
+def test_anchor_pressure_never_evicts_kv(geo) -> None:
+    from hybrid_connector.config import load_config
+
+    cfg = load_config(None, {"chunk_size": 256, "hash_block_size": 256, "alignment": 1,
+                             "replay": True}, environ={})
+    page_bytes = anchor_page_bytes(geo, 64, cfg.anchor_density)
+    pol = MarconiEviction(alpha=1.0)
+    sim = Simulator(cfg, geo, Budget.pooled(10**13, 40 * page_bytes), eviction=pol, anchors=True)
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(3, 9000, size=1500) for _ in range(4)]
+    for s in seqs:
+        sim.step(s, np.array([5]))
+    st = sim.cache.stats
+    assert st.evicted["anchor"] > 0 and st.evicted["kv"] == 0 and st.evicted["state"] == 0
+    assert sim.store.used(ObjectKind.ANCHOR) <= 40 * page_bytes
+    # The newest sequence kept its anchors (least recently used anchors went first).
+    last = sim.cache.tree.match(seqs[-1]).path
+    assert any(n.anchors for n in last)
+    sim.cache.check_integrity()

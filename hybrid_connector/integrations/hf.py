@@ -103,11 +103,16 @@ class HFRuntime:
     Runs one request at a time (the anchor recorder is per runtime). Anchors are captured
     when ``anchors`` is True (default: ``cache.config.replay``). ``gate`` decides whether a
     replay plan may be used; without one every replay plan is rejected (falls back to the
-    exact plan), because an uncalibrated replay has unknown quality.
+    exact plan), because an uncalibrated replay has unknown quality. ``alignment`` is the
+    granularity of usable hit lengths; transformers resumes at any token, so it defaults
+    to 1 (``config.alignment`` is for paged engines such as vLLM).
     """
 
     def __init__(self, model: Any, cache: HybridCache, *, anchors: bool | None = None,
-                 gate: ReplayGate | None = None) -> None:
+                 gate: ReplayGate | None = None, alignment: int = 1) -> None:
+        if alignment <= 0:
+            raise ValueError(f"alignment must be positive, got {alignment}")
+        self.alignment = alignment
         self.model = model.eval()
         self.cache = cache
         self.config: HybridConfig = cache.config
@@ -123,14 +128,14 @@ class HFRuntime:
     @classmethod
     def create(cls, model: Any, config: HybridConfig, store: ObjectStore, *,
                anchors: bool | None = None, gate: ReplayGate | None = None,
-               **cache_kwargs: Any) -> HFRuntime:
+               alignment: int = 1, **cache_kwargs: Any) -> HFRuntime:
         """Build the ``HybridCache`` for ``model`` (geometry and layout fingerprinted) and
         the runtime over it."""
         geometry = geometry_for(model)
         adapter = HFStateAdapter(model, geometry)
         layout = {"engine": "transformers", **anchor_layout(model, config, adapter).fingerprint()}
         cache = HybridCache(config, geometry, store, layout=layout, **cache_kwargs)
-        return cls(model, cache, anchors=anchors, gate=gate)
+        return cls(model, cache, anchors=anchors, gate=gate, alignment=alignment)
 
     def close(self) -> None:
         if self.recorder is not None:
@@ -174,12 +179,12 @@ class HFRuntime:
             saved = self.cache.config
             self.cache.config = saved.model_copy(update={"replay": False})
             try:
-                return self.cache.lookup(arr)
+                return self.cache.lookup(arr, alignment=self.alignment)
             finally:
                 self.cache.config = saved
 
     def _choose_plan(self, arr: Sequence[int], info: PrefillInfo) -> LoadPlan:
-        plan = self.cache.lookup(arr)
+        plan = self.cache.lookup(arr, alignment=self.alignment)
         if plan.hit and not plan.exact:
             k = len(plan.anchors) * self.layout.keep
             if self.gate is None or not self.gate.admits(k):
@@ -216,7 +221,7 @@ class HFRuntime:
         info = PrefillInfo(prompt_tokens=n)
         t0 = time.perf_counter()
         plan = self._choose_plan(arr, info)
-        saves = self.cache.plan_saves(arr)
+        saves = self.cache.plan_saves(arr, alignment=self.alignment)
         if self.recorder is not None:
             self.recorder.reset()
         mc: Any = None

@@ -45,7 +45,7 @@ def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
         rt.finish(r)
 
     probe_tokens = prefix + random_tokens(21, vocab, 17)
-    plan = rt.cache.lookup(probe_tokens)
+    plan = rt.cache.lookup(probe_tokens, alignment=rt.alignment)
     assert plan.num_tokens == 70 and plan.exact
     tiers = {o.tier for o in plan.objects}
     assert "nvme" in tiers, f"expected objects demoted to nvme, got {tiers}"

@@ -7,6 +7,7 @@ kind's pressure or fragmentation can never take room from another kind.
 from __future__ import annotations
 
 import bisect
+import ctypes
 from collections.abc import Mapping
 
 import torch
@@ -98,6 +99,8 @@ class SlabTier(IndexedTier):
         self._slab = torch.empty(total, dtype=torch.uint8, device=self.device,
                                  pin_memory=pin_memory and self.device.type == "cpu")
         self.pinned = bool(self._slab.is_pinned()) if self.device.type == "cpu" else False
+        self._host = self.device.type == "cpu"
+        self._base = self._slab.data_ptr()
         self._arena: dict[ObjectKind, ArenaAllocator] = {}
         base = 0
         for k in ObjectKind:
@@ -122,13 +125,22 @@ class SlabTier(IndexedTier):
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
         assert isinstance(token, int)
         n = nbytes_of(payload)
-        if n:
+        if not n:
+            return token
+        if self._host and payload.device.type == "cpu":
+            # Host to host: one memmove, no tensor views on the hot path.
+            ctypes.memmove(self._base + token, payload.data_ptr(), n)
+        else:
             copy_into(self._view(token, n, tuple(payload.shape), payload.dtype), payload)
         return token
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
         assert isinstance(entry.handle, int)
-        if entry.nbytes:
+        if not entry.nbytes:
+            return True
+        if self._host and out.device.type == "cpu":
+            ctypes.memmove(out.data_ptr(), self._base + entry.handle, entry.nbytes)
+        else:
             copy_into(out, self._view(entry.handle, entry.nbytes, entry.shape, entry.dtype))
         return True
 
@@ -138,4 +150,5 @@ class SlabTier(IndexedTier):
 
     def close(self) -> None:
         with self._lock:
+            self._host = False  # no raw pointer use after the slab is gone
             self._slab = torch.empty(0, dtype=torch.uint8)

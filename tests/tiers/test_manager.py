@@ -3,6 +3,7 @@ loads, and the config factory — against real device/host/NVMe tiers."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -164,7 +165,8 @@ OPS = st.lists(st.tuples(st.sampled_from(["put", "put", "put", "get", "remove", 
                min_size=1, max_size=60)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=int(os.environ.get("HC_TIER_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=OPS, merit_mod=st.integers(1, 3))
 def test_random_sequences_keep_every_invariant(tmp_path_factory: pytest.TempPathFactory,
                                                ops: list[tuple[str, int, ObjectKind, int]],

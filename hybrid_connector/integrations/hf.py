@@ -1,7 +1,7 @@
 """transformers runtime: cached prefill and greedy generation for hybrid causal LMs.
 
 Supported (batch size 1, fp32/bf16, CPU or one GPU, transformers 5.20): Qwen3.5 (text),
-Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, i.e. every family whose
+Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2, i.e. every family whose
 cache is a ``DynamicCache`` of ``DynamicLayer`` / ``LinearAttentionLayer`` /
 ``LinearAttentionAndFullAttentionLayer`` objects (see ``hf_state``).
 

@@ -18,7 +18,8 @@ from hybrid_connector.keys import ObjectKind  # noqa: E402
 from hybrid_connector.model_presets import tiny_hf_config  # noqa: E402
 from tiers.memory import MemoryStore  # noqa: E402
 
-ARCHS = ("qwen3_5", "qwen3_next", "nemotron_h", "bamba", "jamba", "falcon_h1", "granitemoehybrid")
+ARCHS = ("qwen3_5", "qwen3_next", "nemotron_h", "bamba", "jamba", "falcon_h1", "granitemoehybrid",
+         "lfm2")
 
 
 @pytest.fixture(autouse=True)

@@ -77,12 +77,18 @@ def test_gate_rejects_replay_below_threshold(arch: str) -> None:
     # Calibrate with a threshold the measured replay misses, and one it meets.
     measured = measure_replay(rt, toks, 160, [8], continuation=8)[0]
     assert measured.kl_mean > 0
-    strict = calibrate_gate(rt, ReplayGate(max_kl=measured.kl_mean / 2, min_top1=0.0),
-                            [toks], [160], [8], continuation=8)
-    lenient = calibrate_gate(rt, ReplayGate(max_kl=measured.kl_mean * 2, min_top1=0.0),
-                             [toks], [160], [8], continuation=8)
-    assert not strict.admits(8) and lenient.admits(8) and lenient.admits(64)
-    assert not lenient.admits(4)  # never measured at or below 4
+    k = measured.k
+    strict_conf = config(replay_max_kl=measured.kl_mean / 2, replay_min_top1=0.0)
+    lenient_conf = config(replay_max_kl=measured.kl_mean * 2, replay_min_top1=0.0)
+    strict = calibrate_gate(rt, ReplayGate.from_config(strict_conf), [toks], [160], [k],
+                            continuation=8)
+    lenient = calibrate_gate(rt, ReplayGate.from_config(lenient_conf), [toks], [160], [k],
+                             continuation=8)
+    assert not strict.admits(k) and lenient.admits(k) and lenient.admits(4 * k)
+    assert not lenient.admits(k - 1)  # never measured at or below k - 1
+    picky = ReplayGate.from_config(config(replay_max_kl=1.0, replay_min_top1=1.0))
+    picky.record(ReplayQuality(k, 0.0, 0.0, top1=0.99, continuation=1.0, continuation_len=8))
+    assert not picky.admits(k)  # top-1 agreement below replay_min_top1
 
     rt2, rb = _two_requests(arch, strict)
     info = rb.info  # type: ignore[attr-defined]

@@ -119,7 +119,8 @@ class TierManager(ObjectStore):
     def from_config(cls, config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
         """Tiers from the config: device (``device_size``/``pools.device``), host
         (``max_local_cpu_size``/``pools.host``), disk (``local_disk`` + its budget;
-        ``extra_config.disk_zstd``: kinds to compress, a list or ``{kind: level}``),
+        ``extra_config.disk_zstd``: kinds to compress, a list or ``{kind: level}``;
+        ``disk_fsync``/``disk_verify_reads``: default true),
         remote (``remote_url`` + ``pools.remote``, ``remote_serde``;
         ``extra_config.remote_timeout_s``). A tier whose budget is all zero is left out.
         Raises ValueError/OSError for a bad remote URL or an unusable disk path."""
@@ -138,8 +139,11 @@ class TierManager(ObjectStore):
         if config.budget("host").total:
             tiers.append(HostTier(budgets("host")))
         if config.disk_path and config.budget("disk").total:
-            tiers.append(NvmeTier(config.disk_path, budgets("disk"),
-                                  zstd=_zstd_kinds(config.extra_config.get("disk_zstd"))))
+            tiers.append(NvmeTier(
+                config.disk_path, budgets("disk"),
+                zstd=_zstd_kinds(config.extra_config.get("disk_zstd")),
+                fsync=bool(config.extra_config.get("disk_fsync", True)),
+                verify_reads=bool(config.extra_config.get("disk_verify_reads", True))))
         if config.remote_url:
             if config.budget("remote").total:
                 tiers.append(RemoteTier(

@@ -10,6 +10,10 @@ reported as a miss. At start the index is rebuilt from the directory: temporary 
 deleted, files with a bad or inconsistent header (or a wrong name) are dropped, and if
 the budget shrank the oldest files go first.
 
+``verify_reads=False`` skips the payload checksum on raw reads (header, key, dtype, shape
+and exact length are still checked, and atomic renames already rule out torn files); it
+trades detection of silent media corruption for read bandwidth (see benchmarks/tiers.py).
+
 Optional zstd per kind (``zstd={ObjectKind.STATE: 3}``). Budgets count payload bytes (as
 every tier does); each file adds one header (< 1 KiB) on disk. Reads use plain
 ``readinto`` into the caller's buffer: on page-cache-backed files this is a single copy,
@@ -72,6 +76,7 @@ class NvmeTier(IndexedTier):
         zstd: Mapping[ObjectKind, int] | None = None,
         fsync: bool = True,
         verify_on_start: bool = False,
+        verify_reads: bool = True,
     ) -> None:
         super().__init__(name, budgets)
         self.path = Path(path)
@@ -80,6 +85,7 @@ class NvmeTier(IndexedTier):
         self.path.mkdir(parents=True, exist_ok=True)
         self.zstd = dict(zstd or {})
         self.fsync = fsync
+        self.verify_reads = verify_reads
         self._warn = LogOnce(log)
         self._seq = itertools.count()
         self.dropped_at_start: list[str] = []
@@ -221,16 +227,19 @@ class NvmeTier(IndexedTier):
                 # Straight into the caller's buffer, hashing each chunk while it is still
                 # in cache (one pass over memory instead of two).
                 dst = byte_view(out)
-                hasher = codec.new_checksum(like=h.checksum)
+                hasher = codec.new_checksum(like=h.checksum) if self.verify_reads else None
                 off = 0
                 while off < h.stored:
                     n = os.preadv(fd, [dst[off : off + _CHUNK]], hend + off)
                     if n <= 0:
                         raise codec.CorruptObject("file shorter than its header says")
-                    hasher.update(dst[off : off + n])
+                    if hasher is not None:
+                        hasher.update(dst[off : off + n])
                     off += n
-                if hasher.tag() != h.checksum:
+                if hasher is not None and hasher.tag() != h.checksum:
                     raise codec.CorruptObject("payload checksum mismatch")
+                if not self.verify_reads and os.pread(fd, 1, hend + off):
+                    raise codec.CorruptObject("file longer than its header says")
             else:
                 body = bytearray(h.stored)
                 _read_exact(fd, memoryview(body), hend)

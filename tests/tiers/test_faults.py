@@ -152,6 +152,26 @@ def test_unreadable_file_is_a_miss_and_dropped(tmp_path: Path, damage: str,
     assert t2.held_keys() == [k2]
 
 
+@pytest.mark.parametrize("damage", ["truncate", "append", "flip_header", "directory"])
+def test_unverified_reads_still_reject_structural_damage(tmp_path: Path, damage: str) -> None:
+    tier = NvmeTier(tmp_path / "nvme", BIG, verify_reads=False)
+    k, v = make_key(1), make_payload(1, (1000,), torch.bfloat16)
+    assert tier.put([(k, v)]) == [True]
+    assert same_bits(tier.get([k])[0], v)
+    f = tmp_path / "nvme" / k.digest()
+    data = f.read_bytes()
+    if damage == "truncate":
+        f.write_bytes(data[:-1])
+    elif damage == "append":
+        f.write_bytes(data + b"x")
+    elif damage == "flip_header":
+        f.write_bytes(data[:20] + bytes([data[20] ^ 0x40]) + data[21:])
+    else:
+        f.unlink()
+        f.mkdir()
+    assert tier.get([k]) == [None]
+
+
 def test_restart_drops_corrupt_files_it_finds(tmp_path: Path) -> None:
     tier = NvmeTier(tmp_path / "nvme", BIG)
     items = [(make_key(i), make_payload(i, (100,))) for i in range(4)]

@@ -21,12 +21,44 @@ integrations must match byte for byte):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
+
+from hybrid_connector.flops import (
+    attention_layer_flops,
+    gdn_layer_flops,
+    mamba1_layer_flops,
+    mamba2_layer_flops,
+    mlp_layer_flops,
+    moe_layer_flops,
+    ref_attn_flops,
+    ref_kv_bytes,
+    ref_mamba_flops,
+    ref_mlp_flops,
+    ref_node_efficiency,
+    ref_node_memory,
+    ref_node_savings,
+    ref_state_bytes,
+    short_conv_layer_flops,
+)
+from hybrid_connector.layers import (
+    AttentionDims,
+    FFNKind,
+    FlopBreakdown,
+    GDNDims,
+    LayerSpec,
+    Mamba1Dims,
+    Mamba2Dims,
+    MixerKind,
+    MLPDims,
+    MoEDims,
+    ShortConvDims,
+    TensorSpec,
+    canonical_dtype,
+    dtype_bytes,
+)
 
 __all__ = [
     "AttentionDims",
@@ -48,422 +80,10 @@ __all__ = [
     "ref_mamba_flops",
     "ref_mlp_flops",
     "ref_state_bytes",
+    "ref_node_efficiency",
+    "ref_node_memory",
+    "ref_node_savings",
 ]
-
-# --------------------------------------------------------------------------------------------
-# dtypes
-
-_DTYPE_BYTES: dict[str, int] = {
-    "float64": 8,
-    "float32": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "float8_e4m3fn": 1,
-    "float8_e5m2": 1,
-    "int8": 1,
-    "uint8": 1,
-}
-_DTYPE_ALIASES: dict[str, str] = {
-    "fp64": "float64",
-    "double": "float64",
-    "fp32": "float32",
-    "float": "float32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "fp8": "float8_e4m3fn",
-    "fp8_e4m3": "float8_e4m3fn",
-    "fp8_e5m2": "float8_e5m2",
-}
-
-
-def canonical_dtype(dtype: object) -> str:
-    """Return the canonical name (``"bfloat16"``, ``"float32"``...) of a dtype given as a
-    string alias (``"bf16"``, ``"torch.float16"``) or a ``torch.dtype``. Raises ValueError."""
-    name = str(dtype).strip().lower()
-    name = name.removeprefix("torch.")
-    name = _DTYPE_ALIASES.get(name, name)
-    if name not in _DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(_DTYPE_BYTES)}")
-    return name
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (canonical names, common aliases and ``torch.*`` spellings
-    accepted). Raises ValueError for an unknown dtype."""
-    return _DTYPE_BYTES[canonical_dtype(dtype)]
-
-
-# --------------------------------------------------------------------------------------------
-# layer kinds and per-family dims
-
-
-class MixerKind(StrEnum):
-    """The token mixer of one layer.
-
-    ``HYBRID_PARALLEL`` is a layer that runs an attention mixer and a Mamba2 mixer side by side
-    on the same input (Falcon-H1): it owns KV *and* a recurrent state, so it is in both
-    :attr:`ModelGeometry.attention_layers` and :attr:`ModelGeometry.recurrent_layers`.
-    ``MAMBA1`` is the selective-scan Mamba of Jamba (per-channel state, no heads).
-    ``NONE`` is an FFN-only layer (Nemotron-H ``-``/``E`` layers).
-    """
-
-    ATTENTION = "attention"
-    MAMBA2 = "mamba2"
-    GDN = "gdn"
-    SHORT_CONV = "short_conv"
-    NONE = "none"
-    MAMBA1 = "mamba1"
-    HYBRID_PARALLEL = "hybrid_parallel"
-
-    @property
-    def has_kv(self) -> bool:
-        return self in (MixerKind.ATTENTION, MixerKind.HYBRID_PARALLEL)
-
-    @property
-    def is_recurrent(self) -> bool:
-        return self in _RECURRENT_KINDS
-
-
-_RECURRENT_KINDS = frozenset(
-    {
-        MixerKind.MAMBA2,
-        MixerKind.GDN,
-        MixerKind.SHORT_CONV,
-        MixerKind.MAMBA1,
-        MixerKind.HYBRID_PARALLEL,
-    }
-)
-
-
-class FFNKind(StrEnum):
-    """The feed-forward block of one layer."""
-
-    MLP = "mlp"
-    MOE = "moe"
-    NONE = "none"
-
-
-@dataclass(frozen=True)
-class AttentionDims:
-    """Attention geometry. ``output_gate``: q_proj also emits a sigmoid gate of the same width
-    (Qwen3.5, Qwen3-Next), which doubles the q projection FLOPs but not the KV."""
-
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    output_gate: bool = False
-
-
-@dataclass(frozen=True)
-class Mamba2Dims:
-    """Mamba2 mixer geometry. ``d_inner = num_heads * head_dim``; the causal conv runs over
-    ``d_inner + 2 * n_groups * d_state`` channels (x, B, C)."""
-
-    num_heads: int
-    head_dim: int
-    d_state: int
-    n_groups: int
-    conv_kernel: int
-
-    @property
-    def d_inner(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_channels(self) -> int:
-        return self.d_inner + 2 * self.n_groups * self.d_state
-
-
-@dataclass(frozen=True)
-class Mamba1Dims:
-    """Mamba (v1, selective scan) geometry as in Jamba: conv over ``d_inner`` channels, state
-    ``[d_inner, d_state]``, ``dt_rank`` is the low-rank dt projection width."""
-
-    d_inner: int
-    d_state: int
-    conv_kernel: int
-    dt_rank: int
-
-    @property
-    def conv_channels(self) -> int:
-        return self.d_inner
-
-
-@dataclass(frozen=True)
-class GDNDims:
-    """Gated DeltaNet geometry. ``key_dim = num_k_heads * head_k_dim``, ``value_dim =
-    num_v_heads * head_v_dim``; the conv runs over q, k and v: ``2 * key_dim + value_dim``."""
-
-    num_k_heads: int
-    num_v_heads: int
-    head_k_dim: int
-    head_v_dim: int
-    conv_kernel: int
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_k_heads * self.head_k_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_v_heads * self.head_v_dim
-
-    @property
-    def conv_channels(self) -> int:
-        return 2 * self.key_dim + self.value_dim
-
-
-@dataclass(frozen=True)
-class ShortConvDims:
-    """Gated short convolution (LFM2 style): conv over ``hidden_size`` channels, no
-    recurrent state."""
-
-    conv_kernel: int
-
-
-@dataclass(frozen=True)
-class MLPDims:
-    """Dense FFN. ``gated``: SwiGLU-style (gate+up+down, 3 matrices) vs plain up+down (2
-    matrices, e.g. Nemotron-H's relu2 MLP)."""
-
-    intermediate_size: int
-    gated: bool = True
-
-
-@dataclass(frozen=True)
-class MoEDims:
-    """Sparse MoE FFN: ``top_k`` routed experts of width ``expert_intermediate_size`` plus an
-    always-on shared expert of width ``shared_intermediate_size`` (0 when there is none)."""
-
-    num_experts: int
-    top_k: int
-    expert_intermediate_size: int
-    shared_intermediate_size: int
-    gated: bool = True
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """One decoder layer: its position, token mixer and FFN."""
-
-    index: int
-    mixer: MixerKind
-    ffn: FFNKind
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Name, per-rank shape (no batch dim) and dtype name of one stored tensor."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * dtype_bytes(self.dtype)
-
-
-@dataclass(frozen=True)
-class FlopBreakdown:
-    """FLOPs (2 per multiply-add) split by family. ``mamba1`` is Jamba's Mamba (v1) mixer; a
-    Falcon-H1 parallel layer contributes to both ``attention`` and ``mamba2``."""
-
-    attention: float
-    mamba2: float
-    gdn: float
-    short_conv: float
-    mlp: float
-    moe: float
-    mamba1: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return (
-            self.attention
-            + self.mamba2
-            + self.gdn
-            + self.short_conv
-            + self.mlp
-            + self.moe
-            + self.mamba1
-        )
-
-    def __add__(self, other: FlopBreakdown) -> FlopBreakdown:
-        return FlopBreakdown(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# per-family FLOP formulas (L tokens at absolute positions [P, P + L), 2 FLOPs per MAC)
-
-
-def _causal_context_sum(num_tokens: int, prefix_tokens: int) -> int:
-    """Sum over query positions t in [P, P+L) of the number of keys attended, t + 1."""
-    n, p = num_tokens, prefix_tokens
-    return n * p + n * (n + 1) // 2
-
-
-def attention_layer_flops(a: AttentionDims, d: int, num_tokens: int, prefix_tokens: int) -> float:
-    """One attention layer: q (x2 with an output gate), k, v, o projections, plus QK^T and
-    PV, each ``2 * n_heads * head_dim`` FLOPs per (query, key) pair over the causal context.
-    Rotary, softmax and norms are not counted."""
-    n = num_tokens
-    q_out = a.num_heads * a.head_dim * (2 if a.output_gate else 1)
-    kv_out = 2 * a.num_kv_heads * a.head_dim
-    proj = 2 * n * d * (q_out + kv_out) + 2 * n * a.num_heads * a.head_dim * d
-    scores = 4 * a.num_heads * a.head_dim * _causal_context_sum(n, prefix_tokens)
-    return float(proj + scores)
-
-
-def mamba2_layer_flops(m: Mamba2Dims, d: int, num_tokens: int) -> float:
-    """One Mamba2 layer: in_proj to ``2*d_inner + 2*n_groups*d_state + n_heads`` (z, xBC, dt),
-    depthwise conv ``2*channels*K``, the scan in recurrent form ``5*d_inner*d_state`` per token
-    (state decay and B x outer-product update 3, C readout 2) and out_proj. Element-wise gate,
-    norm and D-skip terms (O(d_inner)) are not counted."""
-    n = num_tokens
-    in_proj = 2 * n * d * (2 * m.d_inner + 2 * m.n_groups * m.d_state + m.num_heads)
-    conv = 2 * n * m.conv_channels * m.conv_kernel
-    scan = 5 * n * m.d_inner * m.d_state
-    out_proj = 2 * n * m.d_inner * d
-    return float(in_proj + conv + scan + out_proj)
-
-
-def mamba1_layer_flops(m: Mamba1Dims, d: int, num_tokens: int) -> float:
-    """One Mamba (v1) layer: in_proj to ``2*d_inner``, conv, x_proj to ``dt_rank + 2*d_state``,
-    dt_proj, the selective scan ``7*d_inner*d_state`` per token (discretise dt*A and exp 2,
-    decay and update 3, readout 2) and out_proj."""
-    n = num_tokens
-    in_proj = 2 * n * d * 2 * m.d_inner
-    conv = 2 * n * m.d_inner * m.conv_kernel
-    x_proj = 2 * n * m.d_inner * (m.dt_rank + 2 * m.d_state)
-    dt_proj = 2 * n * m.dt_rank * m.d_inner
-    scan = 7 * n * m.d_inner * m.d_state
-    out_proj = 2 * n * m.d_inner * d
-    return float(in_proj + conv + x_proj + dt_proj + scan + out_proj)
-
-
-def gdn_layer_flops(g: GDNDims, d: int, num_tokens: int) -> float:
-    """One Gated DeltaNet layer. The first three terms are the SGLang Marconi fork's formula
-    (``marconi_utils.py``): input projections ``2*L*D*(2*key_dim + 2*value_dim + 2*n_v_heads)``
-    (q, k, v, z, beta, g), delta-rule state work ``8*L*value_dim*head_k_dim`` and
-    ``4*L*value_dim`` element-wise. That formula omits two matmul terms, which we add: the
-    depthwise conv over q, k, v ``2*L*(2*key_dim + value_dim)*K`` and out_proj
-    ``2*L*value_dim*D``."""
-    n = num_tokens
-    ref = (
-        2 * n * d * (2 * g.key_dim + 2 * g.value_dim + 2 * g.num_v_heads)
-        + 8 * n * g.value_dim * g.head_k_dim
-        + 4 * n * g.value_dim
-    )
-    conv = 2 * n * g.conv_channels * g.conv_kernel
-    out_proj = 2 * n * g.value_dim * d
-    return float(ref + conv + out_proj)
-
-
-def short_conv_layer_flops(s: ShortConvDims, d: int, num_tokens: int) -> float:
-    """One gated short-conv layer (LFM2): in_proj ``D -> 3D`` (B, C, x), depthwise conv
-    ``2*D*K`` and out_proj ``D -> D``; the two element-wise gates are not counted."""
-    n = num_tokens
-    return float(2 * n * d * 3 * d + 2 * n * d * s.conv_kernel + 2 * n * d * d)
-
-
-def mlp_layer_flops(m: MLPDims, d: int, num_tokens: int) -> float:
-    """Dense FFN: ``6*L*D*I`` gated (SwiGLU), ``4*L*D*I`` ungated."""
-    return float((6 if m.gated else 4) * num_tokens * d * m.intermediate_size)
-
-
-def moe_layer_flops(m: MoEDims, d: int, num_tokens: int) -> float:
-    """MoE FFN: ``6*L*D*(top_k*I_moe + I_shared)`` (4 instead of 6 when ungated) plus the
-    router ``2*L*D*E``. Not counted: expert selection and scatter, and Qwen3-Next's scalar
-    shared-expert gate (``2*L*D``, under 0.1% of the layer)."""
-    per = 6 if m.gated else 4
-    experts = per * num_tokens * d * (m.top_k * m.expert_intermediate_size + m.shared_intermediate_size)
-    router = 2 * num_tokens * d * m.num_experts
-    return float(experts + router)
-
-
-# --------------------------------------------------------------------------------------------
-# the reference simulator's formulas (marconi_reference mode)
-
-
-def ref_attn_flops(L: int | float, D: int | float) -> float:
-    """Attention FLOPs per layer exactly as the Marconi reference simulator computes them:
-    ``8*L*D^2 + 4*L^2*D`` (MHA, whole sequence of length L from position 0)."""
-    return float(8 * L * D * D + 4 * L * L * D)
-
-
-def ref_mlp_flops(L: int | float, D: int | float) -> float:
-    """MLP FLOPs per layer as in the Marconi reference: ``16*L*D^2`` (4x up-projection)."""
-    return float(16 * L * D * D)
-
-
-def ref_mamba_flops(L: int | float, D: int | float, N: int | float) -> float:
-    """Mamba FLOPs per layer as in the Marconi reference, camera-ready form:
-    ``12*L*D^2 + 16*L*D*N + 10*L*D`` (the original submission had ``10*L`` as the last term)."""
-    return float(12 * L * D * D + 16 * L * D * N + 10 * L * D)
-
-
-def ref_kv_bytes(L: int | float, D: int | float) -> float:
-    """KV bytes per attention layer as in the Marconi reference: ``2*L*D*2`` (K and V, fp16,
-    MHA-sized: the reference ignores GQA, a known quirk kept on purpose)."""
-    return float(2 * L * D * 2)
-
-
-def ref_state_bytes(D: int | float, N: int | float) -> float:
-    """SSM state bytes per layer as in the Marconi reference: ``D*N*2 + (2*D + 2*N)*4*2``
-    (state in fp16 plus a conv term assuming kernel 4, expand 2). Quirks kept on purpose."""
-    return float(D * N * 2 + (2 * D + 2 * N) * 4 * 2)
-
-
-def ref_node_savings(
-    l_total: int,
-    l_parent: int,
-    D: int,
-    N: int,
-    n_attn: int,
-    n_ssm: int,
-    n_mlp: int,
-) -> float:
-    """FLOPs a hit on a radix node saves, exactly as the reference simulator computes it:
-    ``n_ssm*mamba(l_node) + n_attn*(attn(l_total) - attn(l_parent)) + n_mlp*(mlp(l_total) -
-    attn(l_parent))`` with ``l_node = l_total - l_parent``. The ``attn`` in the MLP term is the
-    reference's bug, reproduced deliberately."""
-    l_node = l_total - l_parent
-    return (
-        n_ssm * ref_mamba_flops(l_node, D, N)
-        + n_attn * (ref_attn_flops(l_total, D) - ref_attn_flops(l_parent, D))
-        + n_mlp * (ref_mlp_flops(l_total, D) - ref_attn_flops(l_parent, D))
-    )
-
-
-def ref_node_memory(l_total: int, D: int, N: int, n_attn: int, n_ssm: int) -> float:
-    """Bytes charged to a radix node by the reference: ``n_ssm*state + n_attn*KV(l_total)``,
-    i.e. the whole path's KV rather than the node's own (reference quirk)."""
-    return n_ssm * ref_state_bytes(D, N) + n_attn * ref_kv_bytes(l_total, D)
-
-
-def ref_node_efficiency(
-    l_total: int,
-    l_parent: int,
-    D: int,
-    N: int,
-    n_attn: int,
-    n_ssm: int,
-    n_mlp: int,
-) -> float:
-    """Reference FLOP efficiency of a node: :func:`ref_node_savings` / :func:`ref_node_memory`."""
-    mem = ref_node_memory(l_total, D, N, n_attn, n_ssm)
-    if mem <= 0:
-        return 0.0
-    return ref_node_savings(l_total, l_parent, D, N, n_attn, n_ssm, n_mlp) / mem
-
 
 # --------------------------------------------------------------------------------------------
 # the geometry
@@ -871,7 +491,9 @@ class ModelGeometry:
         ``dtype`` defaults to the config's ``dtype`` (else bfloat16); ``state_dtype`` to the
         config's mamba SSM cache dtype where it has one (else float32). Raises ValueError for
         an unsupported ``model_type``."""
-        kw = _geometry_kwargs_from_hf(cfg)
+        from hybrid_connector.model_hf import geometry_kwargs_from_hf  # lazy: optional path
+
+        kw = geometry_kwargs_from_hf(cfg)
         if name is not None:
             kw["name"] = name
         if dtype is not None:
@@ -942,204 +564,3 @@ def _parse_dims(dim_cls: type, raw: object, where: str) -> Any:
     return dim_cls(**kwargs)
 
 
-# --------------------------------------------------------------------------------------------
-# transformers config adapter (duck-typed: no transformers import needed here)
-
-_ATTN_NAMES = frozenset({"attention", "full_attention", "attn", "*"})
-_RECURRENT_NAMES = frozenset({"mamba", "linear_attention", "mamba2", "M"})
-
-
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    v = getattr(cfg, key, default)
-    return default if v is None else v
-
-
-def _hf_dtype(cfg: Any) -> str:
-    # Only `dtype`: reading the deprecated `torch_dtype` alias makes transformers warn.
-    v = getattr(cfg, "dtype", None)
-    if v is not None and str(v).lower() not in ("auto", "none"):
-        try:
-            return canonical_dtype(v)
-        except ValueError:
-            pass
-    return "bfloat16"
-
-
-def _hf_attention(cfg: Any, output_gate: bool = False) -> AttentionDims:
-    heads = int(cfg.num_attention_heads)
-    kv = int(_cfg_get(cfg, "num_key_value_heads", heads))
-    head_dim = int(_cfg_get(cfg, "head_dim", cfg.hidden_size // heads))
-    return AttentionDims(heads, kv, head_dim, output_gate)
-
-
-def _hf_mamba2(cfg: Any, d_inner: int) -> Mamba2Dims:
-    heads = int(cfg.mamba_n_heads)
-    head_dim = cfg.mamba_d_head
-    if not isinstance(head_dim, int):  # "auto"
-        head_dim = d_inner // heads
-    return Mamba2Dims(heads, int(head_dim), int(cfg.mamba_d_state), int(cfg.mamba_n_groups), int(cfg.mamba_d_conv))
-
-
-def _lfm2_ffn_dim(cfg: Any) -> int:
-    """LFM2's effective SwiGLU width (mirrors ``Lfm2MLP``: 2/3 scaling, multiplier, rounding)."""
-    size = int(cfg.intermediate_size)
-    if getattr(cfg, "block_auto_adjust_ff_dim", False):
-        size = int(2 * size / 3)
-        mult = getattr(cfg, "block_ffn_dim_multiplier", None)
-        if mult is not None:
-            size = int(mult * size)
-            m = int(cfg.block_multiple_of)
-            size = m * ((size + m - 1) // m)
-    return size
-
-
-def _layer_kind(name: str, arch: str, i: int) -> MixerKind:
-    if name in _ATTN_NAMES:
-        return MixerKind.ATTENTION
-    if name in _RECURRENT_NAMES:
-        return MixerKind.MAMBA2
-    raise ValueError(f"{arch}: layer {i} has unsupported layer type {name!r}")
-
-
-def _geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
-    """Translate one transformers config into ModelGeometry keyword arguments."""
-    text = getattr(cfg, "text_config", None)
-    mt = str(getattr(cfg, "model_type", ""))
-    if text is not None and mt in ("qwen3_5", "qwen3_5_moe"):
-        cfg, mt = text, str(text.model_type)
-    name = str(getattr(cfg, "_name_or_path", "") or mt)
-    d = int(cfg.hidden_size)
-    kw: dict[str, Any] = {
-        "name": name,
-        "architecture": mt,
-        "hidden_size": d,
-        "vocab_size": int(cfg.vocab_size),
-        "dtype": _hf_dtype(cfg),
-    }
-    layers: list[LayerSpec] = []
-
-    if mt in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
-        kw["attention"] = _hf_attention(cfg, output_gate=True)  # q_proj emits q and a gate
-        kw["gdn"] = GDNDims(
-            int(cfg.linear_num_key_heads),
-            int(cfg.linear_num_value_heads),
-            int(cfg.linear_key_head_dim),
-            int(cfg.linear_value_head_dim),
-            int(cfg.linear_conv_kernel_dim),
-        )
-        num_experts = int(_cfg_get(cfg, "num_experts", 0))
-        if num_experts > 0:
-            kw["moe"] = MoEDims(
-                num_experts,
-                int(cfg.num_experts_per_tok),
-                int(cfg.moe_intermediate_size),
-                int(_cfg_get(cfg, "shared_expert_intermediate_size", 0)),
-            )
-        if getattr(cfg, "intermediate_size", None):
-            kw["mlp"] = MLPDims(int(cfg.intermediate_size))
-        mlp_only = set(_cfg_get(cfg, "mlp_only_layers", []))
-        step = int(_cfg_get(cfg, "decoder_sparse_step", 1))
-        for i, t in enumerate(cfg.layer_types):
-            mixer = MixerKind.ATTENTION if t == "full_attention" else MixerKind.GDN
-            if t not in ("full_attention", "linear_attention"):
-                raise ValueError(f"{mt}: layer {i} has unsupported layer type {t!r}")
-            is_moe = num_experts > 0 and i not in mlp_only and (i + 1) % step == 0
-            layers.append(LayerSpec(i, mixer, FFNKind.MOE if is_moe else FFNKind.MLP))
-
-    elif mt == "nemotron_h":
-        kw["attention"] = _hf_attention(cfg)
-        kw["mamba2"] = Mamba2Dims(
-            int(cfg.mamba_num_heads),
-            int(cfg.mamba_head_dim),
-            int(cfg.ssm_state_size),
-            int(cfg.n_groups),
-            int(cfg.conv_kernel),
-        )
-        kw["state_dtype"] = canonical_dtype(_cfg_get(cfg, "mamba_ssm_cache_dtype", "float32"))
-        types = list(cfg.layers_block_type)
-        if "mlp" in types:
-            kw["mlp"] = MLPDims(int(cfg.intermediate_size), gated=False)  # relu2 up/down
-        if "moe" in types:
-            # Experts and shared expert are ungated (up/down). moe_latent_size (experts run in a
-            # smaller latent space) is not modelled: FLOPs are an upper estimate there.
-            kw["moe"] = MoEDims(
-                int(cfg.n_routed_experts),
-                int(cfg.num_experts_per_tok),
-                int(cfg.moe_intermediate_size),
-                int(cfg.moe_shared_expert_intermediate_size) * int(_cfg_get(cfg, "n_shared_experts", 1)),
-                gated=False,
-            )
-        table = {
-            "linear_attention": (MixerKind.MAMBA2, FFNKind.NONE),
-            "full_attention": (MixerKind.ATTENTION, FFNKind.NONE),
-            "mlp": (MixerKind.NONE, FFNKind.MLP),
-            "moe": (MixerKind.NONE, FFNKind.MOE),
-        }
-        for i, t in enumerate(types):
-            if t not in table:
-                raise ValueError(f"{mt}: layer {i} has unsupported block type {t!r}")
-            layers.append(LayerSpec(i, *table[t]))
-
-    elif mt in ("bamba", "granitemoehybrid"):
-        kw["attention"] = _hf_attention(cfg)
-        kw["mamba2"] = _hf_mamba2(cfg, int(cfg.mamba_expand) * d)
-        ffn = FFNKind.MLP
-        if mt == "bamba":
-            kw["mlp"] = MLPDims(int(cfg.intermediate_size))
-        elif int(_cfg_get(cfg, "num_local_experts", 0)) > 0:
-            # Granite: routed experts use intermediate_size; shared_mlp is always on.
-            kw["moe"] = MoEDims(
-                int(cfg.num_local_experts),
-                int(cfg.num_experts_per_tok),
-                int(cfg.intermediate_size),
-                int(cfg.shared_intermediate_size),
-            )
-            ffn = FFNKind.MOE
-        else:
-            kw["mlp"] = MLPDims(int(cfg.shared_intermediate_size))
-        for i, t in enumerate(cfg.layers_block_type):
-            layers.append(LayerSpec(i, _layer_kind(str(t), mt, i), ffn))
-
-    elif mt == "falcon_h1":
-        # Every layer runs attention and Mamba2 in parallel on the same input.
-        kw["attention"] = _hf_attention(cfg)
-        d_ssm = getattr(cfg, "mamba_d_ssm", None)
-        kw["mamba2"] = _hf_mamba2(cfg, int(d_ssm) if d_ssm else int(cfg.mamba_expand) * d)
-        kw["mlp"] = MLPDims(int(cfg.intermediate_size))
-        for i in range(int(cfg.num_hidden_layers)):
-            layers.append(LayerSpec(i, MixerKind.HYBRID_PARALLEL, FFNKind.MLP))
-
-    elif mt == "jamba":
-        kw["attention"] = _hf_attention(cfg)
-        d_inner = int(cfg.mamba_expand) * d
-        dt_rank = cfg.mamba_dt_rank
-        if not isinstance(dt_rank, int):  # "auto"
-            dt_rank = math.ceil(d / 16)
-        kw["mamba1"] = Mamba1Dims(d_inner, int(cfg.mamba_d_state), int(cfg.mamba_d_conv), int(dt_rank))
-        experts = list(cfg.layers_num_experts)
-        if any(e <= 1 for e in experts):
-            kw["mlp"] = MLPDims(int(cfg.intermediate_size))
-        if any(e > 1 for e in experts):
-            kw["moe"] = MoEDims(int(cfg.num_experts), int(cfg.num_experts_per_tok), int(cfg.intermediate_size), 0)
-        for i, t in enumerate(cfg.layers_block_type):
-            mixer = MixerKind.ATTENTION if t == "attention" else MixerKind.MAMBA1
-            layers.append(LayerSpec(i, mixer, FFNKind.MOE if experts[i] > 1 else FFNKind.MLP))
-
-    elif mt == "lfm2":
-        kw["attention"] = _hf_attention(cfg)
-        kw["short_conv"] = ShortConvDims(int(cfg.conv_L_cache))
-        kw["mlp"] = MLPDims(_lfm2_ffn_dim(cfg))
-        for i, t in enumerate(cfg.layer_types):
-            if t not in ("full_attention", "conv"):
-                raise ValueError(f"{mt}: layer {i} has unsupported layer type {t!r}")
-            mixer = MixerKind.ATTENTION if t == "full_attention" else MixerKind.SHORT_CONV
-            layers.append(LayerSpec(i, mixer, FFNKind.MLP))
-
-    else:
-        raise ValueError(
-            f"unsupported architecture {mt!r} for ModelGeometry.from_hf_config; supported: "
-            "qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next, nemotron_h, "
-            "bamba, jamba, falcon_h1, granitemoehybrid, lfm2"
-        )
-    kw["layers"] = tuple(layers)
-    return kw

@@ -1,0 +1,223 @@
+"""transformers config adapter for ``ModelGeometry.from_hf_config`` (duck-typed: no
+transformers import needed here)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from hybrid_connector.layers import (
+    AttentionDims,
+    FFNKind,
+    GDNDims,
+    LayerSpec,
+    Mamba1Dims,
+    Mamba2Dims,
+    MixerKind,
+    MLPDims,
+    MoEDims,
+    ShortConvDims,
+    canonical_dtype,
+)
+
+# --------------------------------------------------------------------------------------------
+# transformers config adapter (duck-typed: no transformers import needed here)
+
+_ATTN_NAMES = frozenset({"attention", "full_attention", "attn", "*"})
+_RECURRENT_NAMES = frozenset({"mamba", "linear_attention", "mamba2", "M"})
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    v = getattr(cfg, key, default)
+    return default if v is None else v
+
+
+def _hf_dtype(cfg: Any) -> str:
+    # Only `dtype`: reading the deprecated `torch_dtype` alias makes transformers warn.
+    v = getattr(cfg, "dtype", None)
+    if v is not None and str(v).lower() not in ("auto", "none"):
+        try:
+            return canonical_dtype(v)
+        except ValueError:
+            pass
+    return "bfloat16"
+
+
+def _hf_attention(cfg: Any, output_gate: bool = False) -> AttentionDims:
+    heads = int(cfg.num_attention_heads)
+    kv = int(_cfg_get(cfg, "num_key_value_heads", heads))
+    head_dim = int(_cfg_get(cfg, "head_dim", cfg.hidden_size // heads))
+    return AttentionDims(heads, kv, head_dim, output_gate)
+
+
+def _hf_mamba2(cfg: Any, d_inner: int) -> Mamba2Dims:
+    heads = int(cfg.mamba_n_heads)
+    head_dim = cfg.mamba_d_head
+    if not isinstance(head_dim, int):  # "auto"
+        head_dim = d_inner // heads
+    return Mamba2Dims(heads, int(head_dim), int(cfg.mamba_d_state), int(cfg.mamba_n_groups), int(cfg.mamba_d_conv))
+
+
+def _lfm2_ffn_dim(cfg: Any) -> int:
+    """LFM2's effective SwiGLU width (mirrors ``Lfm2MLP``: 2/3 scaling, multiplier, rounding)."""
+    size = int(cfg.intermediate_size)
+    if getattr(cfg, "block_auto_adjust_ff_dim", False):
+        size = int(2 * size / 3)
+        mult = getattr(cfg, "block_ffn_dim_multiplier", None)
+        if mult is not None:
+            size = int(mult * size)
+            m = int(cfg.block_multiple_of)
+            size = m * ((size + m - 1) // m)
+    return size
+
+
+def _layer_kind(name: str, arch: str, i: int) -> MixerKind:
+    if name in _ATTN_NAMES:
+        return MixerKind.ATTENTION
+    if name in _RECURRENT_NAMES:
+        return MixerKind.MAMBA2
+    raise ValueError(f"{arch}: layer {i} has unsupported layer type {name!r}")
+
+
+def geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
+    """Translate one transformers config into ModelGeometry keyword arguments."""
+    text = getattr(cfg, "text_config", None)
+    mt = str(getattr(cfg, "model_type", ""))
+    if text is not None and mt in ("qwen3_5", "qwen3_5_moe"):
+        cfg, mt = text, str(text.model_type)
+    name = str(getattr(cfg, "_name_or_path", "") or mt)
+    d = int(cfg.hidden_size)
+    kw: dict[str, Any] = {
+        "name": name,
+        "architecture": mt,
+        "hidden_size": d,
+        "vocab_size": int(cfg.vocab_size),
+        "dtype": _hf_dtype(cfg),
+    }
+    layers: list[LayerSpec] = []
+
+    if mt in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
+        kw["attention"] = _hf_attention(cfg, output_gate=True)  # q_proj emits q and a gate
+        kw["gdn"] = GDNDims(
+            int(cfg.linear_num_key_heads),
+            int(cfg.linear_num_value_heads),
+            int(cfg.linear_key_head_dim),
+            int(cfg.linear_value_head_dim),
+            int(cfg.linear_conv_kernel_dim),
+        )
+        num_experts = int(_cfg_get(cfg, "num_experts", 0))
+        if num_experts > 0:
+            kw["moe"] = MoEDims(
+                num_experts,
+                int(cfg.num_experts_per_tok),
+                int(cfg.moe_intermediate_size),
+                int(_cfg_get(cfg, "shared_expert_intermediate_size", 0)),
+            )
+        if getattr(cfg, "intermediate_size", None):
+            kw["mlp"] = MLPDims(int(cfg.intermediate_size))
+        mlp_only = set(_cfg_get(cfg, "mlp_only_layers", []))
+        step = int(_cfg_get(cfg, "decoder_sparse_step", 1))
+        for i, t in enumerate(cfg.layer_types):
+            mixer = MixerKind.ATTENTION if t == "full_attention" else MixerKind.GDN
+            if t not in ("full_attention", "linear_attention"):
+                raise ValueError(f"{mt}: layer {i} has unsupported layer type {t!r}")
+            is_moe = num_experts > 0 and i not in mlp_only and (i + 1) % step == 0
+            layers.append(LayerSpec(i, mixer, FFNKind.MOE if is_moe else FFNKind.MLP))
+
+    elif mt == "nemotron_h":
+        kw["attention"] = _hf_attention(cfg)
+        kw["mamba2"] = Mamba2Dims(
+            int(cfg.mamba_num_heads),
+            int(cfg.mamba_head_dim),
+            int(cfg.ssm_state_size),
+            int(cfg.n_groups),
+            int(cfg.conv_kernel),
+        )
+        kw["state_dtype"] = canonical_dtype(_cfg_get(cfg, "mamba_ssm_cache_dtype", "float32"))
+        types = list(cfg.layers_block_type)
+        if "mlp" in types:
+            kw["mlp"] = MLPDims(int(cfg.intermediate_size), gated=False)  # relu2 up/down
+        if "moe" in types:
+            # Experts and shared expert are ungated (up/down). moe_latent_size (experts run in a
+            # smaller latent space) is not modelled: FLOPs are an upper estimate there.
+            kw["moe"] = MoEDims(
+                int(cfg.n_routed_experts),
+                int(cfg.num_experts_per_tok),
+                int(cfg.moe_intermediate_size),
+                int(cfg.moe_shared_expert_intermediate_size) * int(_cfg_get(cfg, "n_shared_experts", 1)),
+                gated=False,
+            )
+        table = {
+            "linear_attention": (MixerKind.MAMBA2, FFNKind.NONE),
+            "full_attention": (MixerKind.ATTENTION, FFNKind.NONE),
+            "mlp": (MixerKind.NONE, FFNKind.MLP),
+            "moe": (MixerKind.NONE, FFNKind.MOE),
+        }
+        for i, t in enumerate(types):
+            if t not in table:
+                raise ValueError(f"{mt}: layer {i} has unsupported block type {t!r}")
+            layers.append(LayerSpec(i, *table[t]))
+
+    elif mt in ("bamba", "granitemoehybrid"):
+        kw["attention"] = _hf_attention(cfg)
+        kw["mamba2"] = _hf_mamba2(cfg, int(cfg.mamba_expand) * d)
+        ffn = FFNKind.MLP
+        if mt == "bamba":
+            kw["mlp"] = MLPDims(int(cfg.intermediate_size))
+        elif int(_cfg_get(cfg, "num_local_experts", 0)) > 0:
+            # Granite: routed experts use intermediate_size; shared_mlp is always on.
+            kw["moe"] = MoEDims(
+                int(cfg.num_local_experts),
+                int(cfg.num_experts_per_tok),
+                int(cfg.intermediate_size),
+                int(cfg.shared_intermediate_size),
+            )
+            ffn = FFNKind.MOE
+        else:
+            kw["mlp"] = MLPDims(int(cfg.shared_intermediate_size))
+        for i, t in enumerate(cfg.layers_block_type):
+            layers.append(LayerSpec(i, _layer_kind(str(t), mt, i), ffn))
+
+    elif mt == "falcon_h1":
+        # Every layer runs attention and Mamba2 in parallel on the same input.
+        kw["attention"] = _hf_attention(cfg)
+        d_ssm = getattr(cfg, "mamba_d_ssm", None)
+        kw["mamba2"] = _hf_mamba2(cfg, int(d_ssm) if d_ssm else int(cfg.mamba_expand) * d)
+        kw["mlp"] = MLPDims(int(cfg.intermediate_size))
+        for i in range(int(cfg.num_hidden_layers)):
+            layers.append(LayerSpec(i, MixerKind.HYBRID_PARALLEL, FFNKind.MLP))
+
+    elif mt == "jamba":
+        kw["attention"] = _hf_attention(cfg)
+        d_inner = int(cfg.mamba_expand) * d
+        dt_rank = cfg.mamba_dt_rank
+        if not isinstance(dt_rank, int):  # "auto"
+            dt_rank = math.ceil(d / 16)
+        kw["mamba1"] = Mamba1Dims(d_inner, int(cfg.mamba_d_state), int(cfg.mamba_d_conv), int(dt_rank))
+        experts = list(cfg.layers_num_experts)
+        if any(e <= 1 for e in experts):
+            kw["mlp"] = MLPDims(int(cfg.intermediate_size))
+        if any(e > 1 for e in experts):
+            kw["moe"] = MoEDims(int(cfg.num_experts), int(cfg.num_experts_per_tok), int(cfg.intermediate_size), 0)
+        for i, t in enumerate(cfg.layers_block_type):
+            mixer = MixerKind.ATTENTION if t == "attention" else MixerKind.MAMBA1
+            layers.append(LayerSpec(i, mixer, FFNKind.MOE if experts[i] > 1 else FFNKind.MLP))
+
+    elif mt == "lfm2":
+        kw["attention"] = _hf_attention(cfg)
+        kw["short_conv"] = ShortConvDims(int(cfg.conv_L_cache))
+        kw["mlp"] = MLPDims(_lfm2_ffn_dim(cfg))
+        for i, t in enumerate(cfg.layer_types):
+            if t not in ("full_attention", "conv"):
+                raise ValueError(f"{mt}: layer {i} has unsupported layer type {t!r}")
+            mixer = MixerKind.ATTENTION if t == "full_attention" else MixerKind.SHORT_CONV
+            layers.append(LayerSpec(i, mixer, FFNKind.MLP))
+
+    else:
+        raise ValueError(
+            f"unsupported architecture {mt!r} for ModelGeometry.from_hf_config; supported: "
+            "qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next, nemotron_h, "
+            "bamba, jamba, falcon_h1, granitemoehybrid, lfm2"
+        )
+    kw["layers"] = tuple(layers)
+    return kw

@@ -117,3 +117,20 @@ def test_bad_input_ids() -> None:
     with pytest.raises(ValueError, match="non-empty"):
         rt.prefill([])
     _ = config()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "bamba", "falcon_h1"])
+def test_bf16_payloads_roundtrip_bitwise(arch: str) -> None:
+    """bf16 model (KV and conv in bf16, recurrent state in the model's state dtype): a
+    restored cache continues bit for bit like the cache it was extracted from."""
+    import copy
+
+    model = tiny_model(arch).to(torch.bfloat16)
+    rt = runtime(model)
+    toks = torch.tensor(random_tokens(40, model.config.vocab_size, 9))
+    mc = new_model_cache(model)
+    rt.run_tokens(toks[:23], mc, 0)
+    twin = copy.deepcopy(mc)
+    restored = rt.adapter.restore([rt.adapter.extract_kv(mc, 0, 23)], [(0, 23)], 23,
+                                  rt.adapter.extract_state(mc))
+    assert torch.equal(rt.run_tokens(toks[23:], restored, 23), rt.run_tokens(toks[23:], twin, 23))

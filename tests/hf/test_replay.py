@@ -102,3 +102,29 @@ def test_uncalibrated_gate_rejects_everything() -> None:
     assert not gate.admits(10_000)
     rt, rb = _two_requests("qwen3_5", None)
     assert rb.info.gate_rejected and rb.info.exact  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h", "jamba", "falcon_h1", "lfm2"])
+def test_runtime_replay_over_whole_prefix_matches_full_prefill(arch: str) -> None:
+    """End to end through the cache: dense anchors and a window covering the whole prefix
+    make a replayed hit (labelled approximate) reproduce full prefill."""
+    from conftest import reference
+
+    model = tiny_model(arch, long_memory=True)
+    conf = config(replay=True, anchor_page_size=PAGE, anchor_density=1.0, chunk_size=32,
+                  replay_budget_frac=1.0, admission="last_token")
+    gate = ReplayGate(max_kl=1.0, min_top1=0.0)
+    gate.record(ReplayQuality(1, 0.0, 0.0, 1.0, 1.0, 8))
+    rt = runtime(model, conf, gate=gate)
+    vocab = model.config.vocab_size
+    a = random_tokens(100, vocab, 21)
+    rt.finish(rt.prefill(a))
+    b = a[:64] + random_tokens(30, vocab, 22)
+    rb = rt.prefill(b)
+    assert rb.info.hit_tokens == 64 and rb.info.replayed and not rb.info.exact
+    ref_logits, ref_new = reference(model, b, 12)
+    assert (rb.logits - ref_logits).abs().max().item() <= 1e-4
+    assert rt.decode(rb, 12) == ref_new
+    rt.finish(rb)
+    rt.cache.check_integrity()
+

@@ -1,0 +1,40 @@
+"""Faults on the load path: the runtime recomputes and stays exact."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from conftest import random_tokens, reference, runtime, tiny_model
+
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers.memory import MemoryStore
+
+
+def test_failed_load_recomputes() -> None:
+    """A read that fails after the plan was made (a store fault): the runtime recomputes
+    from scratch, reports the failure and still returns full-prefill logits."""
+    class FaultyStore(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__({k: 1 << 30 for k in ObjectKind})
+            self.fail: set[ObjectKey] = set()
+
+        def get(self, keys: Sequence[ObjectKey]) -> list[torch.Tensor | None]:
+            got = super().get(keys)
+            return [None if k in self.fail else t for k, t in zip(keys, got, strict=True)]
+
+    model = tiny_model("qwen3_5")
+    store = FaultyStore()
+    rt = runtime(model, store=store)
+    vocab = model.config.vocab_size
+    prefix = random_tokens(40, vocab, 31)
+    for s in (32, 33):
+        rt.finish(rt.prefill(prefix + random_tokens(10, vocab, s)))
+    c = prefix + random_tokens(12, vocab, 34)
+    plan = rt.cache.lookup(c, alignment=1)
+    assert plan.num_tokens == 40 and plan.state is not None
+    store.fail.add(plan.state.ref.key)
+    rc = rt.prefill(c)
+    assert rc.info.load_failed == 1 and rc.info.hit_tokens == 0 and rc.info.exact
+    ref_logits, _ = reference(model, c, 0)
+    assert (rc.logits - ref_logits).abs().max().item() <= 1e-4

@@ -1,9 +1,11 @@
 """transformers runtime: cached prefill and greedy generation for hybrid causal LMs.
 
-Supported (batch size 1, fp32/bf16, CPU or one GPU, transformers 5.20): Qwen3.5 (text),
-Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2, i.e. every family whose
-cache is a ``DynamicCache`` of ``DynamicLayer`` / ``LinearAttentionLayer`` /
-``LinearAttentionAndFullAttentionLayer`` objects (see ``hf_state``).
+Supported (batch size 1, fp32/bf16, transformers 5.20; tested on CPU, tensors follow the
+model's device but no GPU run has been made): Qwen3.5 (text), Qwen3-Next, Nemotron-H,
+Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2, i.e. every family whose cache is a
+``DynamicCache`` of ``DynamicLayer`` / ``LinearAttentionLayer`` /
+``LinearAttentionAndFullAttentionLayer`` objects (see ``hf_state``). Not supported: batches,
+padding masks, sliding-window attention layers, static caches.
 
 One request, as :meth:`HFRuntime.prefill` runs it::
 

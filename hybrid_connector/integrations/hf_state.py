@@ -115,6 +115,9 @@ class HFStateAdapter:
         att: list[AttentionSlot] = []
         rec: list[RecurrentSlot] = []
         for i, layer in enumerate(cache.layers):
+            if getattr(layer, "is_sliding", False):
+                raise ValueError(f"{type(self.model).__name__}: layer {i} is sliding-window "
+                                 "attention, which the adapter does not support")
             keys = getattr(layer, "keys", None)
             if isinstance(keys, torch.Tensor) and keys.numel() > 0:
                 att.append(AttentionSlot(i, int(keys.shape[1]), int(keys.shape[3]), keys.dtype))

@@ -113,8 +113,8 @@ def long_memory_(model: Any, decay_per_token: float = 0.9975) -> Any:
 
     Sets A = -exp(A_log) and the dt bias so that exp(A * softplus(dt_bias)) is about
     ``decay_per_token``; for Gated DeltaNet also biases the erase gate beta = sigmoid(b) to
-    about 0.02 (Qwen3.5's ``in_proj_b`` gets a bias; Qwen3-Next's fused ``in_proj_ba`` is
-    left alone, its beta stays ~0.5 and it still forgets faster: reported, not tuned)."""
+    about 0.02 (the b projection, Qwen3.5's ``in_proj_b`` or the b rows of Qwen3-Next's
+    fused ``in_proj_ba``, gets a bias of -4)."""
     dt = 0.125
     a = -math.log(decay_per_token) / dt
     dt_raw = math.log(math.expm1(dt))  # softplus^-1
@@ -130,13 +130,27 @@ def long_memory_(model: Any, decay_per_token: float = 0.9975) -> Any:
                 dt_proj.bias.fill_(dt_raw)
                 dt_proj.weight.mul_(0.1)
             in_b = getattr(mod, "in_proj_b", None)
-            if isinstance(in_b, torch.nn.Linear) and in_b.bias is None:
-                new = torch.nn.Linear(in_b.in_features, in_b.out_features, bias=True,
-                                      dtype=in_b.weight.dtype, device=in_b.weight.device)
-                new.weight.copy_(in_b.weight * 0.1)
-                new.bias.fill_(-4.0)
-                mod.in_proj_b = new
+            if isinstance(in_b, torch.nn.Linear) and in_b.bias is None:  # Qwen3.5
+                mod.in_proj_b = _biased(in_b, torch.ones(in_b.out_features, dtype=torch.bool))
+            in_ba = getattr(mod, "in_proj_ba", None)
+            if isinstance(in_ba, torch.nn.Linear) and in_ba.bias is None:  # Qwen3-Next
+                # Output viewed as [k_heads, 2 * r] (r = v_heads / k_heads): b then a per group.
+                r = int(mod.num_v_heads) // int(mod.num_k_heads)
+                rows = (torch.arange(in_ba.out_features) % (2 * r)) < r
+                mod.in_proj_ba = _biased(in_ba, rows)
     return model
+
+
+def _biased(lin: torch.nn.Linear, rows: torch.Tensor) -> torch.nn.Linear:
+    """A copy of ``lin`` with a bias of -4 (and weights x0.1) on the erase-gate ``rows``:
+    beta = sigmoid(b) ~ 0.02 instead of ~0.5."""
+    new = torch.nn.Linear(lin.in_features, lin.out_features, bias=True,
+                          dtype=lin.weight.dtype, device=lin.weight.device)
+    new.weight.copy_(lin.weight)
+    new.weight[rows] *= 0.1
+    new.bias.zero_()
+    new.bias[rows] = -4.0
+    return new
 
 
 def _main() -> None:

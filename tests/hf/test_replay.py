@@ -24,7 +24,7 @@ def test_replay_of_whole_prefix_is_exact(arch: str) -> None:
     assert q.kl_max < 1e-9 and q.top1 == 1.0 and q.continuation == 1.0
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "bamba", "jamba", "nemotron_h"])
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_next", "bamba", "jamba", "nemotron_h"])
 def test_error_shrinks_as_k_grows(arch: str) -> None:
     model = tiny_model(arch, long_memory=True)
     rt = runtime(model, config(anchor_page_size=PAGE, anchor_density=1.0), anchors=False)

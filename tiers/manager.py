@@ -10,7 +10,7 @@ Placement rules (per object kind, each kind in its own pool in every tier):
   policy's ``merits_demotion``; no filter means yes) agrees and it fits there (making
   room recursively), otherwise it is dropped and reported through the drop listener.
   Nothing is ever dropped silently. Pools are per kind, so anchor (or state) pressure can
-  never evict KV, and vice versa.
+  never evict KV; anchors die with their KV when the index registers ``set_companions``.
 * A hit in a lower tier is promoted to the top tier (moved, not copied), unless pinned.
 * ``pin``/``unpin``: a pinned object is never demoted, promoted or dropped by the manager
   (``remove`` is the caller's own decision and still works).
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -42,6 +42,7 @@ from tiers.store import ObjectStore
 from tiers.tier import Tier, TierStats, check_payload, nbytes_of
 
 log = logging.getLogger(__name__)
+CompanionFn = Callable[[ObjectKey], Sequence[ObjectKey]]
 
 
 class _Miss(Exception):
@@ -112,6 +113,7 @@ class TierManager(ObjectStore):
         self.mstats = ManagerStats()
         # Pins taken through the manager, per key, with the tier that holds each.
         self._pins: dict[ObjectKey, list[Tier]] = {}
+        self._companions: CompanionFn | None = None
         self._local = threading.local()
 
     # ------------------------------------------------------------------ construction
@@ -194,10 +196,26 @@ class TierManager(ObjectStore):
             p.clear()
             self._report_dropped(keys)
 
+    def set_companions(self, companions: CompanionFn | None) -> None:
+        """Register ``companions(kv_key) -> anchor keys`` (the index knows which anchor
+        pages ride on a KV chunk; the store cannot tell from keys). When the manager drops
+        a KV object it drops those anchors with it and reports them too, so anchors never
+        outlive their KV. Called with the manager lock held: it must not block on locks."""
+        self._companions = companions
+
     def _drop(self, tier: Tier, key: ObjectKey) -> None:
         tier.remove([key])
         self.mstats.drops[key.kind.value] += 1
         self._pending().append(key)
+        if key.kind is ObjectKind.KV and self._companions is not None:
+            for anchor in self._companions(key):
+                if anchor.kind is not ObjectKind.ANCHOR or anchor in self._pins:
+                    continue  # companions are anchors; a pinned one is being loaded
+                holder = self._holder(anchor)
+                if holder is not None and not holder.is_pinned(anchor):
+                    holder.remove([anchor])
+                    self.mstats.drops[anchor.kind.value] += 1
+                    self._pending().append(anchor)
 
     # ------------------------------------------------------------------ placement
     def _below(self, i: int, kind: ObjectKind, nbytes: int) -> int | None:

@@ -14,6 +14,9 @@ the budget shrank the oldest files go first.
 and exact length are still checked, and atomic renames already rule out torn files); it
 trades detection of silent media corruption for read bandwidth (see benchmarks/tiers.py).
 
+The directory belongs to one tier instance at a time (a second instance starting on it
+would delete the first one's in-flight temporary files as debris of a crash).
+
 Optional zstd per kind (``zstd={ObjectKind.STATE: 3}``). Budgets count payload bytes (as
 every tier does); each file adds one header (< 1 KiB) on disk. Reads use plain
 ``readinto`` into the caller's buffer: on page-cache-backed files this is a single copy,

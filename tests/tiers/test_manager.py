@@ -119,6 +119,26 @@ def test_anchor_pressure_never_evicts_kv(tmp_path: Path) -> None:
     m.close()
 
 
+def test_anchors_die_with_their_kv(tmp_path: Path) -> None:
+    m = TierManager([HostTier({K.KV: 1024, K.ANCHOR: 4096})])
+    dropped: list[ObjectKey] = []
+    m.set_drop_listener(dropped.extend)
+    # anchor pages i*10 .. i*10+2 ride on KV chunk i (the index's knowledge)
+    m.set_companions(lambda kv: [make_key(kv.prefix[0] * 10 + j, K.ANCHOR) for j in range(3)])
+    kv = [(make_key(i), make_payload(i, (64,))) for i in range(4)]  # 256 B: the pool is full
+    anchors = [(make_key(i * 10 + j, K.ANCHOR), make_payload(100 + i * 10 + j, (16,)))
+               for i in range(5) for j in range(3)]
+    assert all(m.put(kv + anchors))
+    m.pin([make_key(11, K.ANCHOR)])  # being loaded: survives
+    assert m.put([(make_key(9), make_payload(9, (64,)))]) == [True]  # evicts KV 0
+    assert set(dropped) == {make_key(0)} | {make_key(j, K.ANCHOR) for j in range(3)}
+    dropped.clear()
+    assert m.put([(make_key(8), make_payload(8, (64,)))]) == [True]  # evicts KV 1
+    assert set(dropped) == {make_key(1), make_key(10, K.ANCHOR), make_key(12, K.ANCHOR)}
+    assert m.where([make_key(11, K.ANCHOR), make_key(20, K.ANCHOR)]) == ["host", "host"]
+    m.close()
+
+
 def test_async_loads_per_object(tmp_path: Path) -> None:
     m = three_tiers(tmp_path)
     items = [(make_key(i), make_payload(i, (64,), torch.float16)) for i in range(14)]

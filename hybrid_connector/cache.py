@@ -43,7 +43,7 @@ from hybrid_connector.plan import (
 )
 from hybrid_connector.policies import build
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
-from hybrid_connector.radix import Node, ObjectRef, RadixTree
+from hybrid_connector.radix import MatchResult, Node, ObjectRef, RadixTree
 from tiers.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class CacheStats:
 class Lease:
     """Locks taken by ``acquire``; pass back to ``release`` exactly once."""
 
-    kv_node: int
+    kv_nodes: tuple[int, ...]
     state_node: int
     anchor_nodes: tuple[int, ...]
     keys: tuple[ObjectKey, ...] = ()
@@ -115,15 +115,21 @@ class HybridCache:
         self._clock = 0.0
         self._lock = threading.RLock()
         self._where: dict[ObjectKey, int] = {}  # key -> node id holding its ref
+        self._max_kv_len = config.chunk_size  # longest KV chunk stored (bounds searches)
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hc-load")
         store.set_drop_listener(self._on_store_drop)
         store.set_demotion_filter(self._merits_demotion)
 
     # ---------------------------------------------------------------- lookup
-    def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None) -> LoadPlan:
+    def lookup(
+        self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None,
+        replay: bool | None = None,
+    ) -> LoadPlan:
         """The longest usable hit for ``tokens`` under the hit rule. No side effects.
 
         ``alignment`` (default ``config.alignment``) restricts hit lengths to its multiples.
+        ``replay`` (default ``config.replay``) allows approximate anchor-replay plans; pass
+        False for the best exact plan, e.g. when a quality gate refused a replay.
         """
         arr = as_tokens(tokens)
         align = alignment or self.config.alignment
@@ -133,7 +139,7 @@ class HybridCache:
             if limit <= 0:
                 return LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
             nodes = list(m.path) + ([m.partial] if m.partial is not None else [])
-            chain, reach = self._kv_chain(nodes, m.length)
+            chain, reach = self._kv_chain(self._kv_candidates(m), m.length)
             best_p, best_node = 0, self.tree.root
             if self.needs_state:
                 for node in m.path:
@@ -143,9 +149,11 @@ class HybridCache:
             else:
                 best_p = (min(limit, reach) // align) * align
                 best_node = m.path[-1] if m.path else self.tree.root
-            replay = self._replay_candidate(nodes, min(limit, reach), align, best_p)
-            if replay is not None:
-                p, anchors = replay
+            use_replay = self.config.replay if replay is None else replay
+            found = (self._replay_candidate(nodes, min(limit, reach), align, best_p)
+                     if use_replay else None)
+            if found is not None:
+                p, anchors = found
                 holder = next(n for n in nodes if n.start < p <= n.depth)
                 return self._plan(arr, chain, p, None, anchors, reach, m.length, holder)
             if best_p == 0:
@@ -162,14 +170,26 @@ class HybridCache:
             m = self.tree.match(arr)
             if not 0 < p < arr.size or p > m.length:
                 return LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
-            nodes = list(m.path) + ([m.partial] if m.partial is not None else [])
-            chain, reach = self._kv_chain(nodes, m.length)
+            chain, reach = self._kv_chain(self._kv_candidates(m), m.length)
             node = next((n for n in m.path if n.depth == p), None)
             if reach < p or (self.needs_state and (node is None or node.state is None)):
                 return LoadPlan(0, True, kv_tokens=reach, matched_tokens=m.length,
                                 prompt_tokens=int(arr.size))
             target = node if node is not None else self.tree.root
             return self._plan(arr, chain, p, target.state, [], reach, m.length, target)
+
+    def _kv_candidates(self, m: MatchResult) -> list[Node]:
+        """Nodes whose KV chunks may serve the match: the matched path, the partially
+        matched node, and descendants below the match point whose chunks can start before
+        it (a chunk ending past a branch point still holds the shared tokens before it)."""
+        nodes = list(m.path)
+        frontier = [m.partial] if m.partial is not None else list(m.node.children.values())
+        bound = m.length + self._max_kv_len
+        while frontier:
+            node = frontier.pop()
+            nodes.append(node)
+            frontier.extend(c for c in node.children.values() if c.start < bound)
+        return nodes
 
     def _kv_chain(self, nodes: Sequence[Node], matched: int) -> tuple[list[ObjectRef], int]:
         """KV chunks covering ``[0, reach)`` contiguously from 0, along the matched path.
@@ -194,7 +214,7 @@ class HybridCache:
         self, nodes: Sequence[Node], limit: int, align: int, exact_p: int
     ) -> tuple[int, list[ObjectRef]] | None:
         """Deepest page end p > exact_p whose replay window is fully covered by anchors."""
-        if not self.config.replay or not self.needs_state:
+        if not self.needs_state:
             return None
         anchors = {e: r for n in nodes for e, r in n.anchors.items() if e <= limit}
         page = self.config.anchor_page_size
@@ -257,8 +277,7 @@ class HybridCache:
         with self._lock:
             m = self.tree.match(arr)
             positions = self.admission.state_positions(self.tree, m, arr, align)
-            nodes = list(m.path) + ([m.partial] if m.partial is not None else [])
-            _, reach = self._kv_chain(nodes, m.length)
+            _, reach = self._kv_chain(self._kv_candidates(m), m.length)
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), m.branch_point, kv_from)
 
@@ -281,8 +300,14 @@ class HybridCache:
             node = self.tree.node(plan.node_id)
             if node is None or any(self._where.get(o.ref.key) is None for o in plan.objects):
                 return None
-            kv_node = self._deepest_holder(node, plan.num_tokens)
-            self.tree.lock_kv(kv_node)
+            # KV locks run to the root: lock the node holding p and every node holding a
+            # planned chunk (a chunk may end below the hit, past a branch point).
+            kv_nodes = tuple(sorted(
+                {self._deepest_holder(node, plan.num_tokens).id}
+                | {self._where[o.ref.key] for o in plan.kv}
+            ))
+            for nid in kv_nodes:
+                self.tree.lock_kv(self._node(nid))
             state_node = 0
             if plan.state is not None:
                 self.tree.lock_state(node)
@@ -295,7 +320,7 @@ class HybridCache:
             self._clock += 1
             self.eviction.on_access(self.tree.path_to(node), self._clock)
             node.hits += 1
-            return Lease(kv_node.id, state_node, anchor_nodes, keys)
+            return Lease(kv_nodes, state_node, anchor_nodes, keys)
 
     def _deepest_holder(self, node: Node, p: int) -> Node:
         """The node on ``node``'s path whose edge holds position p (what KV locks pin)."""
@@ -309,7 +334,8 @@ class HybridCache:
         if lease is None:
             return
         with self._lock:
-            self.tree.lock_kv(self._node(lease.kv_node), -1)
+            for nid in lease.kv_nodes:
+                self.tree.lock_kv(self._node(nid), -1)
             if lease.state_node:
                 self.tree.lock_state(self._node(lease.state_node), -1)
             for nid in lease.anchor_nodes:
@@ -417,6 +443,7 @@ class HybridCache:
             self.tree.set_state(node, ref)
         elif kind is ObjectKind.KV:
             self.tree.add_kv(node, ref)
+            self._max_kv_len = max(self._max_kv_len, key.end - key.start)
         else:
             self.tree.add_anchor(node, ref)
         self._where[key] = node.id

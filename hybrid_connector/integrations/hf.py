@@ -172,26 +172,13 @@ class HFRuntime:
         return logits if all_logits else logits[-1:]
 
     # ------------------------------------------------------------------ lookup
-    def _lookup_exact(self, arr: Sequence[int]) -> LoadPlan:
-        """The cache's plan with replay disabled (the gate's fallback).
-
-        HybridCache has no per-call switch for replay, so this swaps its (immutable) config
-        for one with ``replay=False`` under the cache's lock for the one lookup."""
-        with self.cache._lock:
-            saved = self.cache.config
-            self.cache.config = saved.model_copy(update={"replay": False})
-            try:
-                return self.cache.lookup(arr, alignment=self.alignment)
-            finally:
-                self.cache.config = saved
-
     def _choose_plan(self, arr: Sequence[int], info: PrefillInfo) -> LoadPlan:
         plan = self.cache.lookup(arr, alignment=self.alignment)
         if plan.hit and not plan.exact:
             k = len(plan.anchors) * self.layout.keep
             if self.gate is None or not self.gate.admits(k):
                 info.gate_rejected = True
-                plan = self._lookup_exact(arr)
+                plan = self.cache.lookup(arr, alignment=self.alignment, replay=False)
         self.cache.record_lookup(plan)
         return plan
 

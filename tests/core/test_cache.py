@@ -188,8 +188,10 @@ class CacheMachine(RuleBasedStateMachine):
             return
         lease = self.c.acquire(plan)
         assert lease is not None
-        holder = self.c.tree.node(lease.kv_node)
-        assert holder is not None and holder.start < p <= holder.depth  # KV lock covers [0, p)
+        locked = [self.c.tree.node(n) for n in lease.kv_nodes]
+        assert any(n.start < p <= n.depth for n in locked)  # the KV lock covers [0, p)
+        for obj in plan.kv:  # and every node holding a planned chunk
+            assert self.c.tree.node(self.c._where[obj.ref.key]).kv_lock > 0
         res = self.c.load(plan)
         assert res.num_tokens == p
         # KV contiguous from 0 past p, every chunk the one saved for this exact prefix
@@ -276,3 +278,18 @@ def test_load_async_and_pins_follow_the_lease():
     c.release(lease)
     assert store.pins == 0
     c.close()
+
+
+def test_kv_chunk_past_a_branch_point_still_serves_the_shared_part():
+    c = make_cache()
+    a = np.arange(40)
+    save_seq(c, a, states=[40])                      # chunks [0,8) ... [32,40)
+    b = np.r_[a[:20], 100 + np.arange(20)]           # branches at 20, inside chunk [16,24)
+    save_seq(c, b, states=[20], kv_upto=16)          # B only adds its checkpoint at 20
+    q = np.r_[a[:20], [7, 7, 7]]                     # a third branch at exactly 20
+    plan = c.lookup(q)
+    assert plan.num_tokens == 20 and plan.kv[-1].ref.end == 24
+    lease = c.acquire(plan)
+    assert made_for(c.load(plan).kv[-1], q, 20)
+    c.release(lease)
+    c.check_integrity()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import ARCHS, config, random_tokens, reference, runtime, tiny_model
+from hf_support import ARCHS, config, random_tokens, reference, runtime, tiny_model
 
 from hybrid_connector.integrations.hf_pack import PartSpec, pack, unpack
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from conftest import random_tokens, reference, runtime, tiny_model
+from hf_support import random_tokens, reference, runtime, tiny_model
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.memory import MemoryStore

@@ -4,7 +4,7 @@ long-memory models, labelled approximate hits, and the quality gate."""
 from __future__ import annotations
 
 import pytest
-from conftest import ARCHS, config, random_tokens, runtime, tiny_model
+from hf_support import ARCHS, config, random_tokens, runtime, tiny_model
 
 from hybrid_connector.integrations.hf_quality import calibrate_gate, measure_replay
 from hybrid_connector.replay import ReplayGate, ReplayQuality

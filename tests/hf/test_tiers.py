@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import ARCHS, random_tokens, reference, runtime, tiny_model
+from hf_support import ARCHS, random_tokens, reference, runtime, tiny_model
 
 from hybrid_connector.keys import ObjectKind
 from tiers.device import DeviceTier

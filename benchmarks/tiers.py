@@ -431,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['limit_put_GBps']:7.2f} {r['put_ratio']:6.2f} {r['get_GBps']:9.2f} "
               f"{r['limit_get_GBps']:7.2f} {r['get_ratio']:6.2f}")
     print("\nTargets (worst ratio over kinds, put and get; nvme = the default, verified reads):")
+    if args.quick:
+        print("  (quick mode: few runs of few objects; on a loaded machine these verdicts are "
+              "indicative only, run without --quick for the real figures)")
     verdicts = {}
     for tier, target in TARGETS.items():
         mine = [min(r["put_ratio"], r["get_ratio"]) for r in rows if r["tier"] == tier]

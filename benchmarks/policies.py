@@ -49,20 +49,20 @@ FULL = {
     "grid": (0.0, 0.25, 0.5, 1.0, 2.0),
     "fractions": {"agentic": (0.03, 0.06, 0.12), "*": (0.1, 0.25, 0.5)},
     "traces": {
-        "agentic": ("agentic", (16, 30, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
-        "chat": ("chat", (48, 10, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
-        "docqa": ("docqa", (8, 300, 0), {}),
-        "sysprompt": ("sysprompt", (4, 500, 0), {}),
+        "agentic": ("agentic", (12, 24, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
+        "chat": ("chat", (40, 10, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
+        "docqa": ("docqa", (8, 200, 0), {}),
+        "sysprompt": ("sysprompt", (4, 300, 0), {}),
     },
 }
 QUICK = {
     "grid": (0.0, 0.5, 2.0),
     "fractions": {"agentic": (0.045, 0.09), "*": (0.15, 0.4)},
     "traces": {
-        "agentic": ("agentic", (8, 20, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
-        "chat": ("chat", (20, 8, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
-        "docqa": ("docqa", (5, 80, 0), {}),
-        "sysprompt": ("sysprompt", (3, 150, 0), {}),
+        "agentic": ("agentic", (8, 16, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
+        "chat": ("chat", (16, 8, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
+        "docqa": ("docqa", (4, 60, 0), {}),
+        "sysprompt": ("sysprompt", (3, 120, 0), {}),
     },
 }
 

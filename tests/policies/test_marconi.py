@@ -160,3 +160,18 @@ def test_default_cache_with_marconi_runs_and_tunes(geo) -> None:
     pol._adopt()
     assert pol.tuner.history, "a tuning round ran"
     assert pol.alpha in (0.0, 1.0)
+
+
+def test_index_matches_full_walk_under_state_pressure_with_placement(geo, sim_config) -> None:
+    """Many single-child checkpoints (placement) and a tight state pool: STATE victims,
+    merges and chain re-basing all go through the incremental index."""
+    from hybrid_connector.policies.admission import MarconiAdmission
+    from hybrid_connector.policies.placement_admission import PlacementAdmission
+
+    pol = Checked(alpha=1.5)
+    budget = Budget.per_kind({ObjectKind.KV: int(3e9), ObjectKind.STATE: int(0.6e9)})
+    adm = PlacementAdmission(MarconiAdmission(), slots=4, replan_every=1)
+    sim = Simulator(sim_config, geo, budget, eviction=pol, admission=adm)
+    recs = shared_document_qa(3, 60, 4, doc_tokens=(3000, 8000), full_doc_prob=0.2, as_arrays=True)
+    _replay(sim, recs)
+    assert pol.checked > 50 and sim.cache.stats.evicted["state"] > 0

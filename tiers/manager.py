@@ -11,7 +11,8 @@ Placement rules (per object kind, each kind in its own pool in every tier):
   room recursively), otherwise it is dropped and reported through the drop listener.
   Nothing is ever dropped silently. Pools are per kind, so anchor (or state) pressure can
   never evict KV; anchors die with their KV when the index registers ``set_companions``.
-* A hit in a lower tier is promoted to the top tier (moved, not copied), unless pinned.
+* A hit in a lower tier is promoted to the top tier (moved, not copied); a pinned object
+  moves only when the top tier has room without dropping anything, and its pins move too.
 * ``pin``/``unpin``: a pinned object is never demoted, promoted or dropped by the manager
   (``remove`` is the caller's own decision and still works).
 * Reads pin the object while they run, outside the manager lock, so several loads run in
@@ -251,10 +252,11 @@ class TierManager(ObjectStore):
                 return
         self._drop(tier, key)
 
-    def _place(self, i: int, key: ObjectKey, payload: torch.Tensor) -> bool:
-        """Put into tier ``i`` or, failing that, the tiers below it. Lock held."""
+    def _place(self, i: int, key: ObjectKey, payload: torch.Tensor, stop: int | None = None) -> bool:
+        """Put into tier ``i`` or, failing that, the tiers below it (above ``stop`` when
+        given). On success every other copy of ``key`` is removed. Lock held."""
         n = nbytes_of(payload)
-        for j in range(i, len(self.tiers)):
+        for j in range(i, len(self.tiers) if stop is None else stop):
             t = self.tiers[j]
             if t.capacity(key.kind) < n:
                 continue
@@ -323,14 +325,31 @@ class TierManager(ObjectStore):
         try:
             with self._lock:
                 tier.unpin([key])
-                if (data is None or i == 0 or not self.promote or not tier.contains([key])[0]
-                        or key in self._pins or tier.is_pinned(key)):
+                if data is None or i == 0 or not self.promote or not tier.contains([key])[0]:
+                    return
+                held = self._pins.get(key, [])
+                # Only the manager's own pins may be on it (no other read in flight), and
+                # they must all be on this copy; then the pins move up with the object.
+                if tier.pin_count(key) != len(held) or any(t is not tier for t in held):
                     return
                 top = next((j for j, t in enumerate(self.tiers[:i])
                             if t.capacity(key.kind) >= nbytes_of(data)), None)
                 if top is None:
                     return
                 src = data if data.device.type == "cpu" else data.cpu()
+                if held:
+                    # Pinned: it must never be dropped, so the old copy stays until the new
+                    # one is in (``_place`` then removes it; the pins release it).
+                    if not self._place(top, key, src, stop=i):
+                        return
+                    for _ in held:
+                        tier.unpin([key])
+                    home = self._holder(key)
+                    assert home is not None
+                    home.pin([key] * len(held))
+                    self._pins[key] = [home] * len(held)
+                    self.mstats.promotions[key.kind.value] += 1
+                    return
                 # Take it out first so the cascade of demotions below can use its room.
                 tier.remove([key])
                 if self._place(top, key, src):

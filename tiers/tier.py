@@ -172,7 +172,11 @@ class Tier(ABC):
 
     def is_pinned(self, key: ObjectKey) -> bool:
         """Whether ``key`` is held and pinned."""
-        return False
+        return self.pin_count(key) > 0
+
+    def pin_count(self, key: ObjectKey) -> int:
+        """Pins on the held object ``key`` (0 when absent or unpinned)."""
+        return 0
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources; the tier must not be used afterwards."""
@@ -442,10 +446,10 @@ class IndexedTier(Tier):
         with self._lock:
             return [k for d in self._lru.values() for k, e in d.items() if not e.doomed]
 
-    def is_pinned(self, key: ObjectKey) -> bool:
+    def pin_count(self, key: ObjectKey) -> int:
         with self._lock:
             e = self._entry(key)
-            return e is not None and e.pins > 0
+            return 0 if e is None else e.pins
 
     def stats(self) -> TierStats:
         with self._lock:

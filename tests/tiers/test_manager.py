@@ -119,6 +119,28 @@ def test_anchor_pressure_never_evicts_kv(tmp_path: Path) -> None:
     m.close()
 
 
+def test_pinned_hit_is_promoted_with_its_pins(tmp_path: Path) -> None:
+    """The cache pins a lease's objects before loading them: the load still promotes, the
+    pins move along, and the object is never dropped while pinned."""
+    m = three_tiers(tmp_path)
+    items = [(make_key(i), make_payload(i, (64,))) for i in range(16)]  # 256 B each
+    m.put(items)
+    k, v = items[0]
+    assert m.where([k]) == ["nvme"]
+    assert m.pin([k, k]) == [True, True]
+    assert same_bits(m.get([k])[0], v)
+    assert m.where([k]) == ["device"]
+    assert m.tier("device").pin_count(k) == 2 and m.tier("nvme").pin_count(k) == 0
+    # pinned on the device: a flood of new objects never moves or drops it
+    m.put([(make_key(100 + i), make_payload(100 + i, (64,))) for i in range(40)])
+    assert m.where([k]) == ["device"]
+    m.unpin([k])
+    m.unpin([k])
+    assert m.tier("device").pin_count(k) == 0
+    assert not (tmp_path / "disk" / k.digest()).exists()  # the old copy was released
+    m.close()
+
+
 def test_anchors_die_with_their_kv(tmp_path: Path) -> None:
     m = TierManager([HostTier({K.KV: 1024, K.ANCHOR: 4096})])
     dropped: list[ObjectKey] = []
@@ -212,6 +234,13 @@ def test_random_sequences_keep_every_invariant(tmp_path_factory: pytest.TempPath
                 got = m.get([key])[0]
                 if key in alive:
                     assert got is None or same_bits(got, alive[key])
+                    if pins.get(key):
+                        assert got is not None, "a pinned object could not be read"
+                        # a hit may promote a pinned object (its pins move with it), never down
+                        now = m.where([key])[0]
+                        order = [t.name for t in m.tiers]
+                        assert now is not None and order.index(now) <= order.index(pinned_where[key] or now)
+                        pinned_where[key] = now
                 else:
                     assert got is None
             elif op == "remove":

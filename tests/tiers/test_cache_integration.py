@@ -63,7 +63,10 @@ def test_cache_over_tiers_never_promises_a_missing_object(tmp_path: Path) -> Non
         plan = cache.lookup(query)
         if not plan.hit:
             continue
+        lease = cache.acquire(plan)  # pins the plan's objects in the store, as engines do
+        assert lease is not None
         res = cache.load(plan)
+        cache.release(lease)
         assert res.num_tokens == plan.num_tokens and not res.failed, "a promised object is gone"
         for obj, got in zip(plan.kv, res.kv, strict=True):
             assert torch.equal(got.view(torch.uint8), payload(query, ObjectKind.KV, obj.ref.key.start, obj.ref.key.end).view(torch.uint8))
@@ -73,5 +76,8 @@ def test_cache_over_tiers_never_promises_a_missing_object(tmp_path: Path) -> Non
     st = store.stats()
     assert hits >= 10
     assert st["demotions"] and st["promotions"]  # objects really moved between tiers
+    assert not store._pins  # every lease released its pins
+    for t in store.tiers:
+        assert all(t.pin_count(k) == 0 for k in t.held_keys())
     cache.check_integrity()
     store.close()

@@ -373,6 +373,11 @@ class TierManager(ObjectStore):
             elif tuple(out.shape) == shape and out.dtype == dtype and tier.get_into([key], [out])[0]:
                 data = out
         finally:
+            if data is None and not tier.contains([key])[0] and self._holder(key) is None:
+                # The tier found it corrupt or gone and forgot it: that is a drop too.
+                with self._lock:
+                    self.mstats.drops[key.kind.value] += 1
+                    self._pending().append(key)
             self._end_read(tier, i, key, data)
         if data is None:
             self.mstats.misses += 1

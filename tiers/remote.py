@@ -32,7 +32,7 @@ import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers import codec, lm_protocol
-from tiers.tier import Entry, IndexedTier
+from tiers.tier import Entry, IndexedTier, TierUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -283,8 +283,10 @@ class RemoteTier(IndexedTier):
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
         ok, blob = self._guard("get", lambda: self.client.get(str(entry.handle)))
-        if not ok or blob is None:
-            return False
+        if not ok:
+            raise TierUnavailable(self.url)  # down or timed out: keep it indexed
+        if blob is None:
+            return False  # the server lost it (restart, eviction): forget it
         try:
             codec.decode_blob_into(entry.key, blob, out)  # verifies key, shape, dtype, checksum
             return True

@@ -13,7 +13,8 @@ Contract shared by every tier:
   existing key replaces it atomically (readers see the old or the new object, never a mix).
 * ``get_into`` writes into caller buffers; ``get`` allocates. A failed read (missing,
   corrupt, I/O error, remote down) is ``False``/``None`` for that element, never an
-  exception. A corrupt object is forgotten by the tier when it is detected.
+  exception. A corrupt or vanished object is forgotten by the tier when it is detected
+  (the manager reports it as dropped); one that is only unreachable for now stays.
 * ``pin`` keeps an object from appearing in ``lru`` (so it is never chosen for demotion or
   eviction); pins nest. ``remove`` of a pinned object hides it at once, and its storage is
   reclaimed at the last ``unpin`` (so an in-flight read stays valid).
@@ -72,6 +73,10 @@ def check_payload(t: object) -> str | None:
     if t.is_sparse or t.is_quantized:
         return "payload must be a dense tensor"
     return None
+
+
+class TierUnavailable(Exception):
+    """A tier could not serve a read for a passing reason (remote down, timeout)."""
 
 
 @dataclass(slots=True)
@@ -229,7 +234,9 @@ class IndexedTier(Tier):
 
     @abstractmethod
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
-        """Read ``entry`` into ``out`` (validated dtype/shape). False on a failed read."""
+        """Read ``entry`` into ``out`` (validated dtype/shape). False when the object is
+        gone or corrupt (the tier then forgets it); raise ``TierUnavailable`` when the read
+        failed for a passing reason (the object stays indexed)."""
 
     @abstractmethod
     def _release(self, entry: Entry) -> None:
@@ -378,9 +385,11 @@ class IndexedTier(Tier):
                 return False
             e.pins += 1
             self._lru[key.kind].move_to_end(key)
-        ok = False
+        ok = transient = False
         try:
             ok = self._load_into(e, out)
+        except TierUnavailable:
+            transient = True  # e.g. the remote is down: the object may still be fine
         finally:
             with self._lock:
                 self._unpin_entry(e)
@@ -389,7 +398,8 @@ class IndexedTier(Tier):
                     self._stats.bytes_read += e.nbytes
                 else:
                     self._stats.errors += 1
-                    self._forget_corrupt(e)
+                    if not transient:
+                        self._forget_corrupt(e)
         return ok
 
     def _forget_corrupt(self, e: Entry) -> None:

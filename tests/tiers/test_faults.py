@@ -141,10 +141,13 @@ def test_unreadable_file_is_a_miss_and_dropped(tmp_path: Path, damage: str,
     else:
         f.write_bytes(b"")
     m = TierManager([tier])
+    dropped: list[ObjectKey] = []
+    m.set_drop_listener(dropped.extend)
     with caplog.at_level(logging.WARNING):
         assert m.get([k, k]) == [None, None]  # a miss, never an exception, never garbage
         assert m.get_into([k], [torch.empty_like(v)]) == [False]
     assert len(warnings_from(caplog, "tiers.nvme")) == 1
+    assert dropped == [k]  # the index hears about it once, so it stops promising it
     assert m.where([k]) == [None] and tier.used(K.KV) == 10 * 4
     assert same_bits(m.get([k2])[0], v2)  # the neighbour is untouched
     # a restart drops whatever is still damaged and keeps the rest
@@ -254,6 +257,10 @@ def test_remote_going_down_after_puts(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING):
         assert m.get([items[0][0]]) == [None]
         assert m.get([items[1][0]]) == [None]
+    # unreachable is not lost: still indexed, nothing reported for them
+    assert m.where([items[0][0], items[1][0]]) == ["remote", "remote"]
+    assert not dropped
+    with caplog.at_level(logging.WARNING):
         more = [(make_key(100 + i), make_payload(100 + i, (64,))) for i in range(4)]
         assert all(m.put(more))  # the host takes them; its victims cannot go down
     assert len(warnings_from(caplog, "tiers.remote")) == 1

@@ -13,7 +13,7 @@ import pytest
 import torch
 from tier_helpers import DTYPES, make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKind
+from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers import lm_protocol
 from tiers.host import HostTier
 from tiers.manager import TierManager
@@ -129,3 +129,18 @@ def test_bad_urls() -> None:
         RemoteTier("lm://127.0.0.1:1", {}, serde="cachegen")
 
 
+
+
+@pytest.mark.server
+def test_object_lost_by_the_server_is_reported_dropped(redis_server: str) -> None:
+    import redis
+
+    m = TierManager([RemoteTier(redis_server, {K.STATE: 1 << 20})])
+    dropped: list[ObjectKey] = []
+    m.set_drop_listener(dropped.extend)
+    k, v = make_key(7, K.STATE, fp="lost"), make_payload(7, (32,))
+    assert m.put([(k, v)]) == [True]
+    redis.Redis.from_url(redis_server).delete("hc:" + k.digest())  # e.g. a server restart
+    assert m.get([k]) == [None]
+    assert dropped == [k] and m.where([k]) == [None]
+    m.close()

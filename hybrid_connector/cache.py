@@ -119,6 +119,7 @@ class HybridCache:
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hc-load")
         store.set_drop_listener(self._on_store_drop)
         store.set_demotion_filter(self._merits_demotion)
+        store.set_companions(self._anchors_of_chunk)
 
     # ---------------------------------------------------------------- lookup
     def lookup(
@@ -323,7 +324,7 @@ class HybridCache:
             return Lease(kv_nodes, state_node, anchor_nodes, keys)
 
     def _deepest_holder(self, node: Node, p: int) -> Node:
-        """The node on ``node``'s path whose edge holds position p (what KV locks pin)."""
+        """The node on ``node``'s path whose edge holds position p (``0 < p <= depth``)."""
         cur = node
         while cur.parent is not None and cur.start >= p:
             cur = cur.parent
@@ -405,7 +406,7 @@ class HybridCache:
                     if key in self._where:
                         present += 1
                         continue
-                    ok, freed = self._store_one(arr, key, it.payload)
+                    ok, freed = self._store_one(leaf, key, it.payload)
                     evicted += freed
                     if ok:
                         stored += 1
@@ -419,7 +420,8 @@ class HybridCache:
                 self.tree.lock_kv(leaf, -1)
         return SaveResult(stored, present, rejected, evicted)
 
-    def _store_one(self, arr: np.ndarray, key: ObjectKey, payload: torch.Tensor) -> tuple[bool, int]:
+    def _store_one(self, leaf: Node, key: ObjectKey, payload: torch.Tensor) -> tuple[bool, int]:
+        """Evict for room, then store one object on ``leaf``'s (locked) path."""
         nbytes = payload.numel() * payload.element_size()
         kind = key.kind
         if nbytes > self.store.capacity(kind):
@@ -430,12 +432,10 @@ class HybridCache:
             if got == 0:
                 return False, freed
             freed += got
-        if kind is ObjectKind.STATE:
-            node = self.tree.node_at(arr, key.end)
-            if node.depth != key.end:
-                node = self.tree.split(node, key.end)
-        else:
-            node = self.tree.node_at(arr, key.end)
+        # Parent pointers stay valid through evictions and splits: no radix match needed.
+        node = self._deepest_holder(leaf, key.end)
+        if kind is ObjectKind.STATE and node.depth != key.end:
+            node = self.tree.split(node, key.end)
         if not self.store.put([(key, payload)])[0]:
             return False, freed
         ref = ObjectRef(key, nbytes)
@@ -451,10 +451,13 @@ class HybridCache:
         return True, freed
 
     def finish(
-        self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = ()
+        self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = (),
+        prompt_len: int | None = None,
     ) -> SaveResult:
         """End of a request: save its last objects (the final checkpoint only if admission
-        keeps it) and release KV on this path that can no longer produce a hit."""
+        keeps it), release KV on this path that can no longer produce a hit, and tell the
+        eviction policy about the request (``prompt_len``: how many of ``tokens`` were the
+        prompt; workload-adaptive policies such as the alpha tuner learn from it)."""
         arr = as_tokens(tokens)
         final = self.final_checkpoint(int(arr.size))
         keep = [
@@ -466,6 +469,7 @@ class HybridCache:
         with self._lock:
             m = self.tree.match(arr)
             self._prune_upward(m.node)
+            self.eviction.on_request(arr, int(arr.size) if prompt_len is None else prompt_len)
         return result
 
     # -------------------------------------------------------------- eviction
@@ -558,9 +562,19 @@ class HybridCache:
                 for ref in (node.state, node.kv.get(key.end), node.anchors.get(key.end)):
                     if ref is not None and ref.key == key:
                         self.tree.drop_ref(node, ref)
+                        self.eviction.on_change(node)
                         if key.kind is ObjectKind.STATE:
                             self._after_state_loss(node)
                         break
+
+    def _anchors_of_chunk(self, key: ObjectKey) -> list[ObjectKey]:
+        """Anchor pages ending inside KV chunk ``key`` (they die with it). Lock free: the
+        store calls this under its own lock, often while this thread holds ours."""
+        nid = self._where.get(key)
+        node = self.tree.node(nid) if nid is not None else None
+        if node is None:
+            return []
+        return [a.key for a in list(node.anchors.values()) if key.start < a.end <= key.end]
 
     def _merits_demotion(self, key: ObjectKey) -> bool:
         nid = self._where.get(key)

@@ -106,7 +106,7 @@ class HybridConfig(_Strict):
     device_size: Bytes = 0
     pools: Pools = Pools()
     admission: Literal["marconi", "every_block", "last_token"] = "marconi"
-    eviction: Literal["lru", "marconi", "marconi_reference"] = "lru"
+    eviction: Literal["lru", "marconi", "marconi_reference"] = "marconi"
     alpha: float | Literal["auto"] = "auto"
     alpha_objective: Literal["flops", "token_hits"] = "flops"
     alpha_grid: tuple[float, ...] = Field(

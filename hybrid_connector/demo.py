@@ -73,7 +73,7 @@ def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: ObjectStore, records:
         cache.release(lease)
         final = _items(geo, cfg, full, sp.kv_from, full.size,
                        (cache.final_checkpoint(int(full.size)),))
-        cache.finish(full, final)
+        cache.finish(full, final, prompt_len=int(prompt.size))
     cache.check_integrity()
     return cache
 
@@ -102,24 +102,33 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host-size", default="2GiB", help="host pool total (split 60/30/10 KV/state/anchor)")
+    p.add_argument("--disk", help="directory for an NVMe tier below host memory")
+    p.add_argument("--disk-size", default="8GiB", help="NVMe tier total (with --disk)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tiers.memory import MemoryStore
+    from tiers.manager import build_store
 
     over: dict[str, Any] = {"chunk_size": 256, "alignment": 16}
     if not args.config:
         over["max_local_cpu_size"] = args.host_size
+        if args.disk:
+            over.update(local_disk=args.disk, max_local_disk_size=args.disk_size)
     cfg = load_config(args.config, overrides=over)
     geo = get_preset(args.model)
     budget = cfg.budget("host")
-    store = MemoryStore({ObjectKind.KV: budget.kv, ObjectKind.STATE: budget.state,
-                         ObjectKind.ANCHOR: budget.anchor})
+    store = build_store(cfg)
     records = multi_turn_chat(args.sessions, args.turns, args.seed)
     print(f"model {geo.name}: KV {geo.kv_bytes_per_token()} B/token, "
           f"state checkpoint {geo.state_bytes() / 2**20:.2f} MiB; host pools "
           f"KV {budget.kv / 2**20:.0f} MiB, state {budget.state / 2**20:.0f} MiB")
     cache = run_demo(cfg, geo, store, records)
     print(format_stats(cache))
+    st = getattr(store, "stats", None)
+    if callable(st):
+        moved = st()
+        print(f"tier movement       demotions={moved['demotions']} promotions={moved['promotions']} "
+              f"drops={moved['drops']}")
+    cache.close()
     return 0

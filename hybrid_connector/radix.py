@@ -148,6 +148,12 @@ class RadixTree:
     def __len__(self) -> int:
         return len(self._nodes) - 1
 
+    @property
+    def next_id(self) -> int:
+        """Every node id ever issued is below this (ids are never reused), so a policy can
+        find the nodes inserts and splits created since it last looked."""
+        return self._next_id
+
     def node(self, node_id: int) -> Node | None:
         """The live node with this id, or ``None`` once it was removed or merged."""
         return self._nodes.get(node_id)

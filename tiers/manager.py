@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -39,11 +39,11 @@ import torch
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.copy_engine import CopyEngine, LayerTransfer, LayerTransferError, TransferJob
-from tiers.store import ObjectStore
+from tiers.store import CompanionFn, ObjectStore
 from tiers.tier import Tier, TierStats, check_payload, nbytes_of
 
 log = logging.getLogger(__name__)
-CompanionFn = Callable[[ObjectKey], Sequence[ObjectKey]]
+
 
 
 class _Miss(Exception):

@@ -22,6 +22,7 @@ from hybrid_connector.keys import ObjectKey, ObjectKind
 
 DropListener = Callable[[Sequence[ObjectKey]], None]
 DemotionFilter = Callable[[ObjectKey], bool]
+CompanionFn = Callable[[ObjectKey], Sequence[ObjectKey]]
 
 
 class ObjectStore(ABC):
@@ -75,6 +76,11 @@ class ObjectStore(ABC):
     def set_demotion_filter(self, merits: DemotionFilter | None) -> None:
         """Register the policy hook deciding whether an evicted object merits demotion."""
         self._demotion_filter = merits
+
+    def set_companions(self, companions: CompanionFn | None) -> None:  # noqa: B027 - optional
+        """Register ``companions(kv_key) -> anchor keys`` riding on that KV chunk, so a store
+        that drops KV on its own drops (and reports) those anchors with it. Stores that never
+        drop on their own ignore it. Called with the store's lock held: must not block."""
 
     def _report_dropped(self, keys: Sequence[ObjectKey]) -> None:
         if keys and self._drop_listener is not None:

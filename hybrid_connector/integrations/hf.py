@@ -295,7 +295,7 @@ class HFRuntime:
         items.append(SaveItem(ObjectKind.STATE, n, n, self.adapter.extract_state(result.model_cache)))
         if self.recorder is not None:
             items += self.recorder.pages(n)
-        return self.cache.finish(result.tokens, items)
+        return self.cache.finish(result.tokens, items, prompt_len=result.info.prompt_tokens)
 
     def generate(self, input_ids: Sequence[int] | torch.Tensor, num_tokens: int) -> tuple[list[int], PrefillInfo]:
         """prefill + greedy decode of ``num_tokens`` + finish; returns the new tokens."""

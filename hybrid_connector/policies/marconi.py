@@ -272,7 +272,7 @@ class MarconiEviction(EvictionPolicy):
     # ------------------------------------------------------------ index upkeep
     def _sync(self) -> None:
         """Pick up nodes the tree created since the last sync, then refresh dirty ones."""
-        next_id = getattr(self.tree, "_next_id", self._seen_id)  # see module docstring
+        next_id = self.tree.next_id  # see module docstring
         for nid in range(self._seen_id, next_id):
             node = self.tree.node(nid)
             if node is None:

@@ -19,7 +19,6 @@ accounts them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,14 +63,12 @@ class Simulator:
         eviction: EvictionPolicy | None = None,
         admission: AdmissionPolicy | None = None,
         anchors: bool = False,
-        on_request: Callable[[np.ndarray, int], None] | None = None,
     ) -> None:
         self.config = config
         self.geometry = geometry
         self.store = SizeOnlyStore(budget)
         self.cache = HybridCache(config, geometry, self.store, eviction=eviction, admission=admission)
         self.anchors = anchors
-        self.on_request = on_request
         self.kv_tok = geometry.kv_bytes_per_token()
         self.state_bytes = geometry.state_bytes()
         self.page = config.anchor_page_size
@@ -120,9 +117,7 @@ class Simulator:
         final.append(SaveItem(ObjectKind.STATE, m, m, zero_payload(self.state_bytes)))
         if self.anchors:
             final += self._anchor_pages(max(p, n - n % self.page), m)
-        cache.finish(full, final)
-        if self.on_request is not None:
-            self.on_request(full, n)
+        cache.finish(full, final, prompt_len=n)
         self.states_saved += len(states) + 1
         return StepResult(
             n, p, plan.exact, plan.nbytes if plan.hit else 0,

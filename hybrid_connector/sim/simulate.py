@@ -101,8 +101,7 @@ def run_once(
         assert spec.eviction is not None, f"spec {spec.name} has no eviction factory"
         eviction = spec.eviction(config, geometry, budget)
     sim = Simulator(config, geometry, budget, eviction=eviction,
-                    admission=spec.build_admission(config), anchors=spec.anchors,
-                    on_request=eviction.on_request)
+                    admission=spec.build_admission(config), anchors=spec.anchors)
     t0 = time.perf_counter()
     ordered = sorted(records, key=lambda r: (r["ts"], str(r["session_id"]), r["turn_id"]))
     hit_tok = approx_tok = hits = approx = prompt = 0

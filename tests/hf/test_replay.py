@@ -108,7 +108,7 @@ def test_uncalibrated_gate_rejects_everything() -> None:
 def test_runtime_replay_over_whole_prefix_matches_full_prefill(arch: str) -> None:
     """End to end through the cache: dense anchors and a window covering the whole prefix
     make a replayed hit (labelled approximate) reproduce full prefill."""
-    from conftest import reference
+    from hf_support import reference
 
     model = tiny_model(arch, long_memory=True)
     conf = config(replay=True, anchor_page_size=PAGE, anchor_density=1.0, chunk_size=32,

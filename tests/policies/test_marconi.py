@@ -152,7 +152,7 @@ def test_default_cache_with_marconi_runs_and_tunes(geo) -> None:
                       environ={})
     pol = build.eviction(cfg)
     assert isinstance(pol, MarconiEviction)
-    sim = Simulator(cfg, geo, Budget.pooled(int(0.6e9)), eviction=pol, on_request=pol.on_request)
+    sim = Simulator(cfg, geo, Budget.pooled(int(0.6e9)), eviction=pol)
     recs = multi_turn_chat(30, 5, 5, lengths="sharegpt", as_arrays=True)
     _replay(sim, recs)
     assert pol.tuner is not None and pol.tuner.started

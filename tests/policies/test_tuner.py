@@ -96,7 +96,7 @@ def test_real_replays_pick_different_alphas_for_different_workloads(geo, sim_con
     tuner = AlphaTuner(replayer, grid=grid, bootstrap_multiplier=1, retune_interval=0,
                        background=False)
     pol = MarconiEviction(alpha=None, tuner=tuner)
-    sim = Simulator(sim_config, geo, budget, eviction=pol, on_request=pol.on_request)
+    sim = Simulator(sim_config, geo, budget, eviction=pol)
     for r in agent:
         sim.step(r["input_tokens"], r["output_tokens"])
     assert tuner.history and pol.alpha == tuner.history[-1].chosen

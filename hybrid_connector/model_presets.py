@@ -313,31 +313,27 @@ def _tiny_kwargs(arch: str) -> tuple[str, dict[str, Any]]:
         "mamba_expand": 2,
         "mamba_chunk_size": 16,
     }
+    # Qwen3.5 and Qwen3-Next share the GDN/attention layout (3 linear : 1 full).
+    gdn = {
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+    }
     if arch == "qwen3_5":
         return "Qwen3_5TextConfig", {
             **_COMMON,
-            "head_dim": 16,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
+            **gdn,
         }
     if arch == "qwen3_next":
         return "Qwen3NextConfig", {
             **_COMMON,
-            "head_dim": 16,
-            "intermediate_size": 128,
-            "num_hidden_layers": 4,
-            "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_conv_kernel_dim": 4,
+            **gdn,
             "num_experts": 4,
             "num_experts_per_tok": 2,
             "moe_intermediate_size": 32,

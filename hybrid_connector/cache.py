@@ -284,7 +284,9 @@ class HybridCache:
 
     def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int:
         """Where the end-of-request checkpoint must be taken to be usable: the last
-        aligned position at or before ``num_tokens`` (an unaligned state can never hit)."""
+        aligned position at or before ``num_tokens`` (an unaligned state can never hit).
+        The KV chunk running across it is kept with it (see ``_serves_ancestor_state``);
+        engines that can should also end a KV chunk exactly there."""
         align = alignment or self.config.alignment
         return num_tokens - num_tokens % align
 
@@ -518,11 +520,18 @@ class HybridCache:
         return refs
 
     def _after_state_loss(self, node: Node) -> None:
-        """A node lost its state: release it if dead, fold it if it is a pass-through."""
+        """A node lost its state: release it if dead, fold it if it is a pass-through, and
+        release child leaves that were kept only to serve that state."""
         if node.is_leaf:
             self._prune_upward(node)
-        elif (len(node.children) == 1 and node.state is None and not node.kv_lock_own
-              and not node.anchor_lock and not node.state_lock and node.parent is not None):
+            return
+        for child in list(node.children.values()):
+            if child.is_leaf:
+                self._prune_upward(child)  # may release ``node`` too, walking up
+        if self.tree.node(node.id) is not node or node.is_leaf:
+            return
+        if (len(node.children) == 1 and node.state is None and not node.kv_lock_own
+                and not node.anchor_lock and not node.state_lock and node.parent is not None):
             nid = node.id
             child = self.tree.merge_into_child(node)
             self.eviction.on_remove(nid)
@@ -536,10 +545,28 @@ class HybridCache:
         cur: Node | None = node
         while (cur is not None and cur is not self.tree.root and cur.is_leaf
                and cur.state is None and not self._useful_anchors(cur)
-               and not (cur.kv_lock or cur.state_lock or cur.anchor_lock)):
+               and not (cur.kv_lock or cur.state_lock or cur.anchor_lock)
+               and not self._serves_ancestor_state(cur)):
             parent = cur.parent
             self._forget(self._remove_leaf(cur))
             cur = parent
+
+    @staticmethod
+    def _serves_ancestor_state(node: Node) -> bool:
+        """Does a KV chunk on ``node`` start before its edge and reach across an ancestor's
+        checkpoint? (A chunk saved past a checkpoint, e.g. a request's tail chunk past its
+        aligned final checkpoint, is the only KV for the tokens just before that
+        checkpoint: releasing it would strand the state.)"""
+        starts = [r.start for r in node.kv.values() if r.start < node.start]
+        if not starts:
+            return False
+        lo = min(starts)
+        anc = node.parent
+        while anc is not None and anc.depth > lo:
+            if anc.state is not None:
+                return True
+            anc = anc.parent
+        return False
 
     def _forget(self, refs: Sequence[ObjectRef]) -> None:
         for r in refs:

@@ -293,3 +293,20 @@ def test_kv_chunk_past_a_branch_point_still_serves_the_shared_part():
     assert made_for(c.load(plan).kv[-1], q, 20)
     c.release(lease)
     c.check_integrity()
+
+
+def test_finish_keeps_the_tail_chunk_an_aligned_final_checkpoint_needs():
+    c = make_cache()
+    full = np.arange(30)                       # final checkpoint at 28 (alignment 4)
+    end = c.final_checkpoint(len(full))
+    items = [SaveItem(ObjectKind.KV, s, min(s + CHUNK, 30), payload(full, ObjectKind.KV, s, min(s + CHUNK, 30)))
+             for s in range(0, 30, CHUNK)]     # last chunk [24, 30) runs across 28
+    items.append(SaveItem(ObjectKind.STATE, end, end, payload(full, ObjectKind.STATE, end, end)))
+    c.finish(full, items, prompt_len=20)
+    plan = c.lookup(np.r_[full, [9, 9]])
+    assert end == 28 and plan.num_tokens == 28 and plan.kv[-1].ref.end == 30
+    c.check_integrity()
+    # a dead tail with no checkpoint above its chunks is still released
+    c2 = make_cache()
+    c2.finish(full, items[:-1], prompt_len=20)
+    assert len(c2.tree) == 0

@@ -1,4 +1,4 @@
-"""``hybrid-connector`` command: demo, simulate, gen-trace (and more as they land).
+"""``hybrid-connector`` command: demo, inspect, simulate, gen-trace (and more as they land).
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``; modules
 whose optional dependencies are missing are left out of the menu.
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 # (module, parser hook) pairs; each hook registers one subcommand with ``func=run``.
 COMMANDS = (
     ("hybrid_connector.demo", "add_parser"),
+    ("hybrid_connector.inspect_cmd", "add_parser"),
     ("hybrid_connector.sim.cli", "add_parser"),
     ("hybrid_connector.sim.cli", "add_gen_parser"),
     ("hybrid_connector.server.cli", "add_parser"),

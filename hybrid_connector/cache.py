@@ -116,6 +116,8 @@ class HybridCache:
         self._lock = threading.RLock()
         self._where: dict[ObjectKey, int] = {}  # key -> node id holding its ref
         self._max_kv_len = config.chunk_size  # longest KV chunk stored (bounds searches)
+        # keys of the batch ``save`` is putting -> still held by the store
+        self._in_flight: dict[ObjectKey, bool] = {}
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hc-load")
         store.set_drop_listener(self._on_store_drop)
         store.set_demotion_filter(self._merits_demotion)
@@ -381,76 +383,96 @@ class HybridCache:
     def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem]) -> SaveResult:
         """Store objects produced for ``tokens`` (which must cover every item's end).
 
-        Inserts ``tokens`` into the index, splits where a checkpoint needs a node boundary,
-        evicts by policy to make room and skips objects already present. Rejected items
-        (no room, store failure, outside ``tokens``) are counted, never raised; the cache is
-        unchanged for them. Raises ValueError only for malformed items (see ``SaveItem``).
+        Inserts ``tokens`` into the index, evicts by policy to make room, hands the new
+        objects to the store in ONE batched ``put`` (so tiers amortise fsyncs and round
+        trips), then indexes what was stored, splitting where a checkpoint needs a node
+        boundary. Objects already present are skipped. Rejected items (no room, store
+        failure, outside ``tokens``) are counted, never raised; the cache is unchanged for
+        them. Raises ValueError only for malformed items (see ``SaveItem``).
         """
         arr = as_tokens(tokens)
         todo = sorted(items, key=lambda it: (it.end, it.kind.value))
         if not todo:
             return SaveResult(0, 0, 0)
         hasher = PrefixHasher(arr, self.config.hash_block_size)
-        stored = present = rejected = 0
-        evicted = 0
+        present = rejected = evicted = 0
         with self._lock:
-            top = max(it.end for it in todo if it.end <= arr.size) if any(
-                it.end <= arr.size for it in todo) else 0
+            top = max((it.end for it in todo if it.end <= arr.size), default=0)
             leaf = self.tree.insert(arr[:top])
             self.tree.lock_kv(leaf)  # keep the path alive while we evict for room
             try:
+                # 1. keys, duplicates, room (evictions happen only here)
+                batch: list[tuple[ObjectKey, torch.Tensor]] = []
+                batched: set[ObjectKey] = set()
+                pending = {k: 0 for k in ObjectKind}
                 for it in todo:
                     if it.end > arr.size or (it.kind is ObjectKind.STATE and it.end == 0):
                         rejected += 1
                         self.stats.rejected[it.kind.value] += 1
                         continue
                     key = ObjectKey(self.fingerprint, hasher.at(it.end), it.kind, it.start, it.end)
-                    if key in self._where:
+                    if key in self._where or key in batched:
                         present += 1
                         continue
-                    ok, freed = self._store_one(leaf, key, it.payload)
+                    nbytes = it.payload.numel() * it.payload.element_size()
+                    ok, freed = self._make_room(it.kind, pending[it.kind] + nbytes)
                     evicted += freed
-                    if ok:
-                        stored += 1
-                        self.stats.stored[it.kind.value] += 1
-                    else:
+                    if not ok:
                         rejected += 1
                         self.stats.rejected[it.kind.value] += 1
+                        continue
+                    pending[it.kind] += nbytes
+                    batch.append((key, it.payload))
+                    batched.add(key)
+                # 2. one batched put
+                self._in_flight = dict.fromkeys(batched, True)
+                try:
+                    done = self.store.put(batch) if batch else []
+                    kept = [ok and self._in_flight[k] for (k, _), ok in zip(batch, done, strict=True)]
+                finally:
+                    self._in_flight = {}
+                # 3. index what the store took (parent pointers stay valid: no radix match)
+                for (key, payload), ok in zip(batch, kept, strict=True):
+                    if ok:
+                        self._index(leaf, key, payload.numel() * payload.element_size())
+                        self.stats.stored[key.kind.value] += 1
+                    else:
+                        rejected += 1
+                        self.stats.rejected[key.kind.value] += 1
                 self._clock += 1
                 self.eviction.on_access(self.tree.path_to(leaf), self._clock)
             finally:
                 self.tree.lock_kv(leaf, -1)
-        return SaveResult(stored, present, rejected, evicted)
+        return SaveResult(sum(kept), present, rejected, evicted)
 
-    def _store_one(self, leaf: Node, key: ObjectKey, payload: torch.Tensor) -> tuple[bool, int]:
-        """Evict for room, then store one object on ``leaf``'s (locked) path."""
-        nbytes = payload.numel() * payload.element_size()
-        kind = key.kind
-        if nbytes > self.store.capacity(kind):
+    def _make_room(self, kind: ObjectKind, need: int) -> tuple[bool, int]:
+        """Evict ``kind`` by policy until ``need`` more bytes fit; (fits, bytes freed)."""
+        cap = self.store.capacity(kind)
+        if need > cap:
             return False, 0
         freed = 0
-        while self.store.used(kind) + nbytes > self.store.capacity(kind):
+        while self.store.used(kind) + need > cap:
             got = self._evict_one(kind)
             if got == 0:
                 return False, freed
             freed += got
-        # Parent pointers stay valid through evictions and splits: no radix match needed.
+        return True, freed
+
+    def _index(self, leaf: Node, key: ObjectKey, nbytes: int) -> None:
+        """Attach a stored object to the node on ``leaf``'s (locked) path holding its end."""
         node = self._deepest_holder(leaf, key.end)
-        if kind is ObjectKind.STATE and node.depth != key.end:
-            node = self.tree.split(node, key.end)
-        if not self.store.put([(key, payload)])[0]:
-            return False, freed
         ref = ObjectRef(key, nbytes)
-        if kind is ObjectKind.STATE:
+        if key.kind is ObjectKind.STATE:
+            if node.depth != key.end:
+                node = self.tree.split(node, key.end)
             self.tree.set_state(node, ref)
-        elif kind is ObjectKind.KV:
+        elif key.kind is ObjectKind.KV:
             self.tree.add_kv(node, ref)
             self._max_kv_len = max(self._max_kv_len, key.end - key.start)
         else:
             self.tree.add_anchor(node, ref)
         self._where[key] = node.id
         self.eviction.on_change(node)
-        return True, freed
 
     def finish(
         self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = (),
@@ -582,6 +604,9 @@ class HybridCache:
         """The store dropped objects on its own: forget them so no plan promises them."""
         with self._lock:
             for key in keys:
+                if key in self._in_flight:
+                    self._in_flight[key] = False  # dropped during its own put: do not index
+                    continue
                 nid = self._where.pop(key, None)
                 node = self.tree.node(nid) if nid is not None else None
                 if node is None:
@@ -604,6 +629,8 @@ class HybridCache:
         return [a.key for a in list(node.anchors.values()) if key.start < a.end <= key.end]
 
     def _merits_demotion(self, key: ObjectKey) -> bool:
+        if key in self._in_flight:
+            return True  # part of the batch being put: not indexed yet, never dropped for that
         nid = self._where.get(key)
         node = self.tree.node(nid) if nid is not None else None
         return node is not None and self.eviction.merits_demotion(node, key.kind)

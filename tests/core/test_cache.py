@@ -310,3 +310,25 @@ def test_finish_keeps_the_tail_chunk_an_aligned_final_checkpoint_needs():
     c2 = make_cache()
     c2.finish(full, items[:-1], prompt_len=20)
     assert len(c2.tree) == 0
+
+
+def test_one_batched_put_survives_demotion_within_the_batch():
+    from tiers.device import DeviceTier
+    from tiers.host import HostTier
+    from tiers.manager import TierManager
+
+    small = {ObjectKind.KV: 3 * 16, ObjectKind.STATE: 16, ObjectKind.ANCHOR: 0}
+    big = {ObjectKind.KV: 100 * 16, ObjectKind.STATE: 100 * 16, ObjectKind.ANCHOR: 0}
+    store = TierManager([DeviceTier(small, device="cpu"), HostTier(big)])
+    c = HybridCache(make_cache().config, GEO, store)
+    seq = np.arange(80)
+    r = save_seq(c, seq, states=[40, 80])      # 10 chunks + 2 states in one put: most demoted
+    assert r.stored == 12 and r.rejected == 0
+    plan = c.lookup(np.arange(90))
+    assert plan.num_tokens == 80 and {o.tier for o in plan.objects} >= {"host"}
+    lease = c.acquire(plan)
+    res = c.load(plan)
+    assert res.num_tokens == 80 and torch.equal(res.state, payload(seq, ObjectKind.STATE, 80, 80))
+    c.release(lease)
+    c.check_integrity()
+    c.close()

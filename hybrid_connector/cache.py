@@ -142,7 +142,7 @@ class HybridCache:
             if limit <= 0:
                 return LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
             nodes = list(m.path) + ([m.partial] if m.partial is not None else [])
-            chain, reach = self._kv_chain(self._kv_candidates(m), m.length)
+            chain, reach = self._kv_chain(m)
             best_p, best_node = 0, self.tree.root
             if self.needs_state:
                 for node in m.path:
@@ -173,7 +173,7 @@ class HybridCache:
             m = self.tree.match(arr)
             if not 0 < p < arr.size or p > m.length:
                 return LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
-            chain, reach = self._kv_chain(self._kv_candidates(m), m.length)
+            chain, reach = self._kv_chain(m)
             node = next((n for n in m.path if n.depth == p), None)
             if reach < p or (self.needs_state and (node is None or node.state is None)):
                 return LoadPlan(0, True, kv_tokens=reach, matched_tokens=m.length,
@@ -194,14 +194,15 @@ class HybridCache:
             frontier.extend(c for c in node.children.values() if c.start < bound)
         return nodes
 
-    def _kv_chain(self, nodes: Sequence[Node], matched: int) -> tuple[list[ObjectRef], int]:
+    def _kv_chain(self, m: MatchResult) -> tuple[list[ObjectRef], int]:
         """KV chunks covering ``[0, reach)`` contiguously from 0, along the matched path.
 
         A chunk that runs past the match still serves its matched part: KV at position i
-        depends only on tokens ``[0, i]``. So ``reach`` is capped at ``matched``.
+        depends only on tokens ``[0, i]``. So ``reach`` is capped at the match length.
         """
+        matched = m.length
         by_start: dict[int, ObjectRef] = {}
-        for node in nodes:
+        for node in self._kv_candidates(m):
             for end, ref in node.kv.items():
                 if ref.start < matched and (ref.start not in by_start
                                             or by_start[ref.start].end < end):
@@ -280,7 +281,7 @@ class HybridCache:
         with self._lock:
             m = self.tree.match(arr)
             positions = self.admission.state_positions(self.tree, m, arr, align)
-            _, reach = self._kv_chain(self._kv_candidates(m), m.length)
+            _, reach = self._kv_chain(m)
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), m.branch_point, kv_from)
 
@@ -505,7 +506,7 @@ class HybridCache:
         if node is self.tree.root:
             return False
         if kind is ObjectKind.KV:
-            return node.is_leaf and not (node.kv_lock or node.state_lock or node.anchor_lock)
+            return self.tree.can_remove(node)
         if kind is ObjectKind.STATE:
             return node.state is not None and not node.state_lock
         return bool(node.anchors) and not node.anchor_lock
@@ -552,8 +553,7 @@ class HybridCache:
                 self._prune_upward(child)  # may release ``node`` too, walking up
         if self.tree.node(node.id) is not node or node.is_leaf:
             return
-        if (len(node.children) == 1 and node.state is None and not node.kv_lock_own
-                and not node.anchor_lock and not node.state_lock and node.parent is not None):
+        if self.tree.can_merge(node):
             nid = node.id
             child = self.tree.merge_into_child(node)
             self.eviction.on_remove(nid)
@@ -565,10 +565,8 @@ class HybridCache:
         if not self.needs_state:
             return
         cur: Node | None = node
-        while (cur is not None and cur is not self.tree.root and cur.is_leaf
-               and cur.state is None and not self._useful_anchors(cur)
-               and not (cur.kv_lock or cur.state_lock or cur.anchor_lock)
-               and not self._serves_ancestor_state(cur)):
+        while (cur is not None and self.tree.can_remove(cur) and cur.state is None
+               and not self._useful_anchors(cur) and not self._serves_ancestor_state(cur)):
             parent = cur.parent
             self._forget(self._remove_leaf(cur))
             cur = parent

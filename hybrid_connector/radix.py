@@ -314,9 +314,20 @@ class RadixTree:
         self.bytes[ref.kind] -= ref.nbytes
         return True
 
+    def can_remove(self, node: Node) -> bool:
+        """Whether ``remove_leaf(node)`` is allowed: a non-root leaf without any lock."""
+        return (node is not self.root and not node.children
+                and not (node.kv_lock or node.state_lock or node.anchor_lock))
+
+    def can_merge(self, node: Node) -> bool:
+        """Whether ``merge_into_child(node)`` is allowed: a non-root, stateless node with one
+        child and no lock of its own."""
+        return (node is not self.root and len(node.children) == 1 and node.state is None
+                and not (node.kv_lock_own or node.state_lock or node.anchor_lock))
+
     def remove_leaf(self, node: Node) -> list[ObjectRef]:
         """Remove an unlocked leaf and return every ref it held (for the store to free)."""
-        if node is self.root or node.children or node.kv_lock or node.state_lock or node.anchor_lock:
+        if not self.can_remove(node):
             raise ValueError(f"cannot remove {node}: not an unlocked leaf")
         refs = [*node.kv.values(), *node.anchors.values()]
         if node.state is not None:
@@ -339,10 +350,7 @@ class RadixTree:
         The child keeps its id and gains the edge prefix and the refs; ``node``'s id is
         retired. Raises ValueError if ``node`` does not qualify.
         """
-        if (
-            node is self.root or len(node.children) != 1 or node.state is not None
-            or node.kv_lock_own or node.state_lock or node.anchor_lock
-        ):
+        if not self.can_merge(node):
             raise ValueError(f"cannot merge {node}")
         (child,) = node.children.values()
         assert node.parent is not None

@@ -31,9 +31,13 @@ class ObjectKind(StrEnum):
 def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """Return ``tokens`` as a contiguous 1-D int64 array (no copy when already one).
 
-    Raises ValueError on a non 1-D input or negative token ids.
+    Raises ValueError on a non 1-D input, non-integer values (floats are never truncated
+    silently) or negative token ids.
     """
-    arr = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+    raw = np.asarray(tokens)
+    if raw.size and (raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer)):
+        raise ValueError(f"token ids must be integers, got dtype {raw.dtype}")
+    arr = np.ascontiguousarray(raw.astype(np.int64, copy=False))
     if arr.ndim != 1:
         raise ValueError(f"tokens must be 1-D, got shape {arr.shape}")
     if arr.size and int(arr.min()) < 0:

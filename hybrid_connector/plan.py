@@ -31,6 +31,7 @@ class LoadPlan:
     the alignment. ``kv_tokens`` is how far attention KV alone reaches (per-group hit for
     engines that can use a deeper attention hit), ``matched_tokens`` the raw radix match.
     ``is_async`` is True when some object sits in a slow tier (disk, remote).
+    ``alignment`` is the granularity the hit length was rounded to.
     """
 
     num_tokens: int
@@ -44,6 +45,7 @@ class LoadPlan:
     prompt_tokens: int = 0
     node_id: int = 0
     is_async: bool = False
+    alignment: int = 1
 
     @property
     def hit(self) -> bool:
@@ -81,21 +83,39 @@ class SaveItem:
 
 
 @dataclass(frozen=True, slots=True)
+class Rejection:
+    """One item ``save`` did not store, and why: ``outside`` (ends past the saved tokens),
+    ``size`` (payload bytes differ from what the geometry says), ``page`` (an anchor block
+    that is not one page of ``anchor_page_size``), ``too_large`` (bigger than any tier pool
+    of its kind), ``no_room`` (no room even after evicting everything evictable now) or
+    ``store`` (the store refused or lost it during the put)."""
+
+    kind: ObjectKind
+    start: int
+    end: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SaveResult:
     """Outcome of ``HybridCache.save``: how many items were stored, already present or
-    rejected (no room after eviction, store failure, or outside the saved tokens)."""
+    rejected (``rejections`` says which and why)."""
 
     stored: int
     present: int
     rejected: int
     evicted_bytes: int = 0
+    rejections: tuple[Rejection, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class LoadResult:
-    """Payloads for a plan. ``num_tokens`` may be below the plan's when an object could not
-    be read (the engine recomputes from there); ``kv`` holds one tensor per planned chunk
-    that was read, in order, ``state``/``anchors`` are set only when the hit survived."""
+    """Payloads for a plan. ``num_tokens`` is the usable hit after the reads: the plan's,
+    or less when an object could not be read (the engine recomputes from there; see
+    ``HybridCache.load``). ``kv`` holds the planned chunks read contiguously from the first
+    one, in order (``kv_tokens``: how far they reach, capped at the plan's KV reach), also
+    when the hit itself was lost; ``state``/``anchors`` are set only when the hit survived;
+    ``failed`` lists every object that could not be read."""
 
     num_tokens: int
     exact: bool
@@ -103,3 +123,4 @@ class LoadResult:
     state: torch.Tensor | None = None
     anchors: tuple[torch.Tensor, ...] = ()
     failed: tuple[ObjectRef, ...] = field(default_factory=tuple)
+    kv_tokens: int = 0

@@ -10,7 +10,7 @@ Placement rules (per object kind, each kind in its own pool in every tier):
   policy's ``merits_demotion``; no filter means yes) agrees and it fits there (making
   room recursively), otherwise it is dropped and reported through the drop listener.
   Nothing is ever dropped silently. Pools are per kind, so anchor (or state) pressure can
-  never evict KV; anchors die with their KV when the index registers ``set_companions``.
+  never evict KV; anchors die with their KV through the owner's ``StoreHooks.companions``.
 * A hit in a lower tier is promoted to the top tier (moved, not copied); a pinned object
   moves only when the top tier has room without dropping anything, and its pins move too.
 * ``pin``/``unpin``: a pinned object is never demoted, promoted or dropped by the manager
@@ -39,7 +39,7 @@ import torch
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.copy_engine import CopyEngine, LayerTransfer, LayerTransferError, TransferJob
-from tiers.store import CompanionFn, ObjectStore
+from tiers.store import ObjectStore
 from tiers.tier import Tier, TierStats, check_payload, nbytes_of
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,6 @@ class TierManager(ObjectStore):
         self.mstats = ManagerStats()
         # Pins taken through the manager, per key, with the tier that holds each.
         self._pins: dict[ObjectKey, list[Tier]] = {}
-        self._companions: CompanionFn | None = None
         self._local = threading.local()
 
     # ------------------------------------------------------------------ construction
@@ -161,6 +160,16 @@ class TierManager(ObjectStore):
     def capacity(self, kind: ObjectKind) -> int:
         return sum(t.capacity(kind) for t in self.tiers)
 
+    def max_object_bytes(self, kind: ObjectKind) -> int:
+        """Exclusive tiers: an object must fit one tier's pool whole."""
+        return max((t.capacity(kind) for t in self.tiers), default=0)
+
+    def keys(self, kind: ObjectKind) -> list[ObjectKey]:
+        """Unpinned keys of ``kind``, slowest tier first, each tier least recently used
+        first (what has sat longest at the bottom goes first)."""
+        with self._lock:
+            return [k for t in reversed(self.tiers) for k in t.lru(kind)]
+
     def used(self, kind: ObjectKind) -> int:
         with self._lock:
             return sum(t.used(kind) for t in self.tiers)
@@ -197,19 +206,13 @@ class TierManager(ObjectStore):
             p.clear()
             self._report_dropped(keys)
 
-    def set_companions(self, companions: CompanionFn | None) -> None:
-        """Register ``companions(kv_key) -> anchor keys`` (the index knows which anchor
-        pages ride on a KV chunk; the store cannot tell from keys). When the manager drops
-        a KV object it drops those anchors with it and reports them too, so anchors never
-        outlive their KV. Called with the manager lock held: it must not block on locks."""
-        self._companions = companions
-
     def _drop(self, tier: Tier, key: ObjectKey) -> None:
         tier.remove([key])
         self.mstats.drops[key.kind.value] += 1
         self._pending().append(key)
-        if key.kind is ObjectKind.KV and self._companions is not None:
-            for anchor in self._companions(key):
+        if key.kind is ObjectKind.KV:
+            # Anchors die with their KV chunk (only the index knows which ride on it).
+            for anchor in self._companions_of(key):
                 if anchor.kind is not ObjectKind.ANCHOR or anchor in self._pins:
                     continue  # companions are anchors; a pinned one is being loaded
                 holder = self._holder(anchor)
@@ -243,7 +246,7 @@ class TierManager(ObjectStore):
         if meta is None:
             return
         j = self._below(i, key.kind, meta[2])
-        merits = self._demotion_filter is None or self._demotion_filter(key)
+        merits = self._merits_demotion(key)
         if j is not None and merits:
             data = tier.get([key])[0]
             if data is not None and self._place(j, key, data):

@@ -54,6 +54,10 @@ class MemoryStore(ObjectStore):
         with self._lock:
             return [self.name if k in self._data else None for k in keys]
 
+    def keys(self, kind: ObjectKind) -> list[ObjectKey]:
+        with self._lock:
+            return [k for k in self._data if k.kind is kind]
+
     def remove(self, keys: Sequence[ObjectKey]) -> None:
         with self._lock:
             for k in keys:

@@ -80,6 +80,28 @@ class SizeOnlyStore(ObjectStore):
     def used(self, kind: ObjectKind) -> int:
         return self._used[kind]
 
+    def max_object_bytes(self, kind: ObjectKind) -> int:
+        return self._pool_budget(kind)
+
+    def room_kinds(self, kind: ObjectKind) -> tuple[ObjectKind, ...]:
+        pool = self.budget.kinds.get(kind)
+        return (kind, *(k for k, p in self.budget.kinds.items() if p == pool and k is not kind))
+
+    def fits(self, pending: Mapping[ObjectKind, int]) -> bool:
+        """Per pool: what its kinds use plus what is pending must fit its budget."""
+        need: dict[str, int] = {}
+        for kind, n in pending.items():
+            if n:
+                pool = self.budget.kinds.get(kind)
+                if pool is None:
+                    return False
+                need[pool] = need.get(pool, 0) + n
+        return all(
+            sum(self._used[k] for k, p in self.budget.kinds.items() if p == pool) + n
+            <= int(self.budget.pools[pool])
+            for pool, n in need.items()
+        )
+
     def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
         out = []
         for key, payload in items:
@@ -99,6 +121,9 @@ class SizeOnlyStore(ObjectStore):
 
     def where(self, keys: Sequence[ObjectKey]) -> list[str | None]:
         return [self.name if k in self._sizes else None for k in keys]
+
+    def keys(self, kind: ObjectKind) -> list[ObjectKey]:
+        return [k for k in self._sizes if k.kind is kind]
 
     def remove(self, keys: Sequence[ObjectKey]) -> None:
         for k in keys:

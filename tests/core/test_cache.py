@@ -1,56 +1,23 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import event, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from cache_support import (
+    CHUNK,
+    TINY,
+    made_for,
+    make_cache,
+    payload,
+    save_seq,
+)
 
 from hybrid_connector.cache import HybridCache
-from hybrid_connector.config import load_config
 from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model_presets import get_preset
 from hybrid_connector.plan import SaveItem
 from tiers.memory import MemoryStore
 
-GEO = get_preset("qwen3.5-0.8b")
-CHUNK = 8
-ALIGN = 4
-
-
-SAVED: dict[bytes, tuple] = {}  # payload bytes -> the token prefix it was made for
-
-
-def payload(tokens, kind, start, end):
-    """Unique bytes per (prefix, kind, start): a load returning them proves the prefix."""
-    prefix = tuple(int(t) for t in tokens[:end])
-    seed = hash((prefix, kind.value, start)) & 0x7FFFFFFF
-    out = torch.randint(0, 255, (16,), generator=torch.Generator().manual_seed(seed),
-                        dtype=torch.uint8)
-    SAVED[out.numpy().tobytes()] = prefix
-    return out
-
-
-def made_for(data, query, upto):
-    """``data`` was saved for a prefix that agrees with ``query`` on ``[0, upto)``."""
-    prefix = SAVED[data.numpy().tobytes()]
-    return len(prefix) >= upto and prefix[:upto] == tuple(int(t) for t in query[:upto])
-
-
-def make_cache(kv=10**6, state=10**6, anchor=10**6, **over):
-    cfg = load_config(overrides={"chunk_size": CHUNK, "hash_block_size": 4, "alignment": ALIGN,
-                                 **over}, environ={})
-    store = MemoryStore({ObjectKind.KV: kv, ObjectKind.STATE: state, ObjectKind.ANCHOR: anchor})
-    return HybridCache(cfg, GEO, store)
-
-
-def save_seq(cache, toks, states, kv_upto=None):
-    toks = np.asarray(toks)
-    upto = len(toks) if kv_upto is None else kv_upto
-    items = [SaveItem(ObjectKind.KV, s, min(s + CHUNK, upto),
-                      payload(toks, ObjectKind.KV, s, min(s + CHUNK, upto)))
-             for s in range(0, upto, CHUNK)]
-    items += [SaveItem(ObjectKind.STATE, p, p, payload(toks, ObjectKind.STATE, p, p)) for p in states]
-    return cache.save(toks, items)
+GEO = TINY
+KVB = TINY.kv_bytes_per_token()
+SB = TINY.state_bytes()
 
 
 def test_hit_rule_examples():
@@ -93,7 +60,7 @@ def test_plan_saves_speculative_branch_point():
 
 
 def test_load_roundtrip_and_locked_objects_survive_eviction():
-    c = make_cache(state=2 * 16)  # room for two checkpoints
+    c = make_cache(state=2 * SB)  # room for two checkpoints
     a = np.arange(40)
     save_seq(c, a, states=[40])
     plan = c.lookup(np.arange(50))
@@ -106,11 +73,11 @@ def test_load_roundtrip_and_locked_objects_survive_eviction():
     c.release(lease)
     save_seq(c, np.arange(1000, 1040), states=[40])
     c.check_integrity()
-    assert c.store.used(ObjectKind.STATE) <= 32
+    assert c.store.used(ObjectKind.STATE) <= 2 * SB
 
 
 def test_stale_plan_is_refused():
-    c = make_cache(state=16)
+    c = make_cache(state=SB)
     save_seq(c, np.arange(40), states=[40])
     plan = c.lookup(np.arange(50))
     save_seq(c, np.arange(100, 140), states=[40])  # evicts the only checkpoint
@@ -120,7 +87,7 @@ def test_stale_plan_is_refused():
 
 def test_save_rejects_out_of_range_and_bad_items():
     c = make_cache()
-    r = c.save(np.arange(10), [SaveItem(ObjectKind.STATE, 20, 20, torch.ones(2))])
+    r = c.save(np.arange(10), [SaveItem(ObjectKind.STATE, 20, 20, torch.ones(SB // 4))])
     assert r.rejected == 1 and r.stored == 0
     with pytest.raises(ValueError):
         SaveItem(ObjectKind.STATE, 3, 4, torch.ones(2))
@@ -136,100 +103,6 @@ def test_finish_releases_dead_kv():
     c.finish(seq, [SaveItem(ObjectKind.KV, 0, 8, payload(seq, ObjectKind.KV, 0, 8))])
     assert len(c.tree) == 0 and c.store.used(ObjectKind.KV) == 0
     c.check_integrity()
-
-
-alphabet = st.lists(st.integers(0, 2), min_size=4, max_size=30)
-
-
-class CacheMachine(RuleBasedStateMachine):
-    """Random saves, lookups, leases and evictions under tight budgets."""
-
-    @initialize(kv=st.sampled_from([1000, 128, 32]), state=st.sampled_from([1000, 48, 16]),
-                replay=st.booleans())
-    def setup(self, kv, state, replay):
-        over = {"replay": True, "anchor_page_size": 4} if replay else {}
-        self.c = make_cache(kv=kv, state=state, anchor=64, **over)
-        self.leases = []
-        self.seqs = []
-
-    @rule(seq=alphabet, data=st.data())
-    def save(self, seq, data):
-        self.seqs.append(seq)
-        toks = np.asarray(seq)
-        states = data.draw(st.lists(st.integers(1, len(seq)).map(
-            lambda x: x - x % ALIGN if x >= ALIGN else x), max_size=3))
-        kv_upto = data.draw(st.one_of(st.just(len(seq)), st.integers(0, len(seq))))
-        save_seq(self.c, toks, states, kv_upto=kv_upto)
-        if self.c.config.replay and data.draw(st.booleans()):
-            pages = [SaveItem(ObjectKind.ANCHOR, e - 4, e, payload(toks, ObjectKind.ANCHOR, e - 4, e))
-                     for e in range(4, len(seq) + 1, 4)]
-            self.c.save(toks, pages)
-
-    @rule(seq=alphabet)
-    def finish(self, seq):
-        self.seqs.append(seq)
-        toks = np.asarray(seq)
-        end = self.c.final_checkpoint(len(seq))
-        items = [SaveItem(ObjectKind.STATE, end, end, payload(toks, ObjectKind.STATE, end, end))] if end else []
-        self.c.finish(toks, items)
-
-    @rule(seq=alphabet, hold=st.booleans(), data=st.data())
-    def lookup(self, seq, hold, data):
-        if self.seqs and data.draw(st.booleans()):
-            # mostly query continuations of what was saved, so hits happen
-            base = data.draw(st.one_of(st.just(self.seqs[-1]), st.sampled_from(self.seqs)))
-            seq = base[: data.draw(st.integers(1, len(base)))] + seq[: data.draw(st.integers(1, 4))]
-        q = np.asarray(seq)
-        plan = self.c.lookup(q)
-        p = plan.num_tokens
-        assert p < len(q) and p % ALIGN == 0
-        event("miss" if not p else "exact hit" if plan.exact else "replay hit")
-        if not p:
-            return
-        lease = self.c.acquire(plan)
-        assert lease is not None
-        locked = [self.c.tree.node(n) for n in lease.kv_nodes]
-        assert any(n.start < p <= n.depth for n in locked)  # the KV lock covers [0, p)
-        for obj in plan.kv:  # and every node holding a planned chunk
-            assert self.c.tree.node(self.c._where[obj.ref.key]).kv_lock > 0
-        res = self.c.load(plan)
-        assert res.num_tokens == p
-        # KV contiguous from 0 past p, every chunk the one saved for this exact prefix
-        pos = 0
-        for obj, data in zip(plan.kv, res.kv, strict=True):
-            assert obj.ref.start == pos
-            assert made_for(data, q, min(obj.ref.end, plan.kv_tokens))
-            pos = obj.ref.end
-        assert pos >= p
-        if plan.exact:
-            assert torch.equal(res.state, payload(q, ObjectKind.STATE, p, p))
-            assert made_for(res.state, q, p)
-        else:
-            assert self.c.config.replay and res.anchors and plan.anchors[-1].ref.end == p
-            for obj, data in zip(plan.anchors, res.anchors, strict=True):
-                assert made_for(data, q, obj.ref.end)
-        if hold:
-            self.leases.append(lease)
-        else:
-            self.c.release(lease)
-
-    @rule()
-    def release_all(self):
-        for lease in self.leases:
-            self.c.release(lease)
-        self.leases = []
-
-    @invariant()
-    def consistent(self):
-        if hasattr(self, "c"):
-            self.c.check_integrity()
-            for k in ObjectKind:
-                assert self.c.store.used(k) <= self.c.store.capacity(k)
-                assert self.c.store.used(k) == self.c.tree.bytes[k]
-
-
-TestCacheMachine = CacheMachine.TestCase
-TestCacheMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
 def test_lookup_at_exact_position_only():
@@ -317,8 +190,8 @@ def test_one_batched_put_survives_demotion_within_the_batch():
     from tiers.host import HostTier
     from tiers.manager import TierManager
 
-    small = {ObjectKind.KV: 3 * 16, ObjectKind.STATE: 16, ObjectKind.ANCHOR: 0}
-    big = {ObjectKind.KV: 100 * 16, ObjectKind.STATE: 100 * 16, ObjectKind.ANCHOR: 0}
+    small = {ObjectKind.KV: 3 * CHUNK * KVB, ObjectKind.STATE: SB, ObjectKind.ANCHOR: 0}
+    big = {ObjectKind.KV: 100 * CHUNK * KVB, ObjectKind.STATE: 100 * SB, ObjectKind.ANCHOR: 0}
     store = TierManager([DeviceTier(small, device="cpu"), HostTier(big)])
     c = HybridCache(make_cache().config, GEO, store)
     seq = np.arange(80)

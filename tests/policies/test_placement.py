@@ -110,12 +110,16 @@ def test_placement_admission_requests_dp_positions() -> None:
 
 
 def test_anchor_pages_and_bytes(geo) -> None:
-    from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_pages
+    from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_keep, anchor_pages
 
     assert anchor_pages(0, 200, 64) == [(0, 64), (64, 128), (128, 192)]
     assert anchor_pages(65, 256, 64) == [(128, 192), (192, 256)]  # only fully computed pages
     assert anchor_pages(100, 120, 64) == []
     groups = len(geo.recurrent_groups())
-    assert anchor_block_bytes(geo, 64, 1 / 16) == 4 * geo.hidden_size * 2 * groups
+    depth = max(len(g) for g in geo.recurrent_groups())
+    conv = (geo.mamba2.conv_kernel - 1) * depth         # the convs of a group need these
+    assert anchor_keep(geo, 64, 1 / 16) == max(4, conv) and anchor_keep(geo, 64, 0.75) == 48
+    assert anchor_keep(geo, 4, 1.0) == 4                # never more than the page
+    assert anchor_block_bytes(geo, 64, 1 / 16) == max(4, conv) * geo.hidden_size * 2 * groups
     with pytest.raises(ValueError):
         anchor_block_bytes(geo, 64, 0.0)

@@ -12,17 +12,27 @@ import torch
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import load_config
 from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model_presets import get_preset
+from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SaveItem
 from tiers.manager import TierManager, build_store
 
-GEO = get_preset("qwen3.5-0.8b")
+# A tiny hybrid: KV 32 B/token (2 bf16 K+V of 8 elements), a 96 B checkpoint.
+GEO = ModelGeometry.from_dict({
+    "name": "tiny", "architecture": "qwen3_5_text", "hidden_size": 8, "vocab_size": 64,
+    "layers": ["gdn+mlp", "attention+mlp"],
+    "attention": {"num_heads": 2, "num_kv_heads": 2, "head_dim": 4},
+    "gdn": {"num_k_heads": 1, "num_v_heads": 1, "head_k_dim": 2, "head_v_dim": 4,
+            "conv_kernel": 5},
+    "mlp": {"intermediate_size": 16},
+})
 CHUNK = 8
 
 
 def payload(tokens: np.ndarray, kind: ObjectKind, start: int, end: int) -> torch.Tensor:
+    """bf16 payload of the geometry's size for the object, unique to (prefix, kind, start)."""
+    n = (end - start) * GEO.kv_bytes_per_token() if kind is ObjectKind.KV else GEO.state_bytes()
     seed = hash((tuple(int(t) for t in tokens[:end]), kind.value, start)) & 0x7FFFFFFF
-    return torch.randn(96, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    return torch.randn(n // 2, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
 
 
 def items_for(toks: np.ndarray) -> list[SaveItem]:

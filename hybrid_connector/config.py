@@ -81,6 +81,7 @@ def parse_size(value: object, bare_unit: int = 1) -> int:
     return int(n)
 
 
+GB_KEYS = ("max_local_cpu_size", "max_local_disk_size")  # a bare number is GB (LMCache)
 Bytes = Annotated[int, BeforeValidator(lambda v: parse_size(v))]
 GBytes = Annotated[int, BeforeValidator(lambda v: parse_size(v, 10**9))]
 NonNegFinite = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
@@ -297,6 +298,15 @@ class HybridConfig(_Strict):
             "remote": 0,
         }[tier]
         return PoolBudget(**{k: int(total * f) for k, f in DEFAULT_SPLIT.items()})
+
+    def explicit(self) -> dict[str, Any]:
+        """The keys set explicitly (file, env, overrides) as ``load_config`` overrides that
+        validate back to the same values (the GB-when-bare size keys as byte strings)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.model_fields_set}
+        for k in GB_KEYS:
+            if k in out:
+                out[k] = f"{out[k]}B"
+        return out
 
     @property
     def disk_path(self) -> str | None:

@@ -658,4 +658,5 @@ class HybridCache:
     def close(self) -> None:
         """Wait for in-flight async loads, then close the store."""
         self._io.shutdown(wait=True)
+        self.eviction.close()
         self.store.close()

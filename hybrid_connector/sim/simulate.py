@@ -121,22 +121,23 @@ def run_once(
     hit_tok = approx_tok = hits = approx = prompt = 0
     saved = total_flops = 0.0
     ttfts = []
-    for r in ordered:
-        inp, out = _arrays(r)
-        res = sim.step(inp, out)
-        prompt += res.prompt
-        total_flops += geometry.flops_saved(res.prompt).total
-        if res.hit:
-            hits += 1
-            hit_tok += res.hit
-            gain = geometry.flops_saved(res.hit).total
-            if not res.exact:
-                approx += 1
-                approx_tok += res.hit
-                gain -= prefill.replay_flops(geometry, res.replay_from or 0, res.hit)
-            saved += gain
-        ttfts.append(prefill.ttft(geometry, res.prompt, res.hit, res.loaded_bytes,
-                                  res.replay_from))
+    with sim:  # closes the cache (and its policies); the statistics stay readable
+        for r in ordered:
+            inp, out = _arrays(r)
+            res = sim.step(inp, out)
+            prompt += res.prompt
+            total_flops += geometry.flops_saved(res.prompt).total
+            if res.hit:
+                hits += 1
+                hit_tok += res.hit
+                gain = geometry.flops_saved(res.hit).total
+                if not res.exact:
+                    approx += 1
+                    approx_tok += res.hit
+                    gain -= prefill.replay_flops(geometry, res.replay_from or 0, res.hit)
+                saved += gain
+            ttfts.append(prefill.ttft(geometry, res.prompt, res.hit, res.loaded_bytes,
+                                      res.replay_from))
     st = sim.cache.stats
     arr = np.asarray(ttfts) if ttfts else np.zeros(1)
     return SimResult(

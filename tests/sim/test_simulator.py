@@ -195,3 +195,37 @@ def test_simulate_runs_the_example_configs(tmp_path, name) -> None:
     # The configured spec re-validates the file's keys to the same values (GB keys too).
     cfg = load_config(path, environ={})
     assert load_config(None, cfg.explicit(), environ={}) == cfg
+
+
+# ---------------------------------------------------------------- issue 9, item 22
+def test_simulator_paths_close_every_cache_they_build(geo, sim_config, monkeypatch) -> None:
+    from hybrid_connector.cache import HybridCache
+    from hybrid_connector.policies.accounting import CorrectedAccounting
+    from hybrid_connector.policies.admission import MarconiAdmission
+    from hybrid_connector.policies.tuner import TunerRequest
+    from hybrid_connector.sim.replay import CacheReplayer
+
+    built, closed = [], []
+    init, close = HybridCache.__init__, HybridCache.close
+
+    def counting_init(self, *a, **k):
+        built.append(self)
+        init(self, *a, **k)
+
+    def counting_close(self):
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(HybridCache, "__init__", counting_init)
+    monkeypatch.setattr(HybridCache, "close", counting_close)
+    recs = multi_turn_chat(2, 2, 0, as_arrays=True)
+    spec = next(s for s in baseline_specs(geo, grid=(0.0, 1.0)) if s.name == "oracle")
+    run_spec(recs, spec, geo, int(2e9))  # one cache per grid point
+    window = [TunerRequest(np.concatenate([r["input_tokens"], r["output_tokens"]]),
+                           len(r["input_tokens"])) for r in recs]
+    CacheReplayer(sim_config, geo, Budget.pooled(int(2e9)), MarconiAdmission,
+                  CorrectedAccounting)(window, 0.5, 0)
+    assert len(built) == 3 and {id(c) for c in closed} == {id(c) for c in built}
+    with Simulator(sim_config, geo, Budget.pooled(int(2e9))) as sim:
+        sim.step(window[0].tokens, np.array([5]))
+    assert closed[-1] is sim.cache

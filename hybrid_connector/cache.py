@@ -878,7 +878,9 @@ class HybridCache:
                                              f"{want[(what, node.id)]}")
 
     def close(self) -> None:
-        """Wait for in-flight async loads, detach from the store, then close the store."""
+        """Wait for in-flight async loads, stop the policy's tuner, detach from the store,
+        then close the store."""
         self._io.shutdown(wait=True)
+        self.eviction.close()
         self.store.detach(self.fingerprint)
         self.store.close()

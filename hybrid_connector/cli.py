@@ -1,7 +1,9 @@
-"""``hybrid-connector`` command: demo, inspect, simulate, gen-trace (and more as they land).
+"""``hybrid-connector`` command: demo, inspect, simulate, gen-trace.
 
-Each subcommand lives in its own module exposing ``add_parser(subparsers)``; modules
-whose optional dependencies are missing are left out of the menu.
+Each subcommand lives in its own module exposing a parser hook ``hook(subparsers)`` that
+registers it with ``func=run``. ``COMMANDS`` lists only modules that exist (the server and
+bench commands are added with their modules); a listed module that fails to import, or
+lacks its hook, is an error naming it, never a silently missing command.
 """
 
 from __future__ import annotations
@@ -12,39 +14,57 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from hybrid_connector.config import ConfigError
+
 # (module, parser hook) pairs; each hook registers one subcommand with ``func=run``.
 COMMANDS = (
     ("hybrid_connector.demo", "add_parser"),
     ("hybrid_connector.inspect_cmd", "add_parser"),
     ("hybrid_connector.sim.cli", "add_parser"),
     ("hybrid_connector.sim.cli", "add_gen_parser"),
-    ("hybrid_connector.server.cli", "add_parser"),
-    ("hybrid_connector.bench_cli", "add_parser"),
 )
 
 
+class CommandLoadError(RuntimeError):
+    """A module listed in ``COMMANDS`` could not be imported or lacks its parser hook."""
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The full parser; raises ``CommandLoadError`` naming the module that failed."""
     parser = argparse.ArgumentParser(prog="hybrid-connector", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for module, hook in COMMANDS:
         try:
             mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name and module.startswith(exc.name):
-                continue  # that subcommand is not part of this build
-            raise
+        except ImportError as exc:
+            raise CommandLoadError(
+                f"command module {module} failed to import: {type(exc).__name__}: {exc}"
+            ) from exc
         fn = getattr(mod, hook, None)
-        if fn is not None:
-            fn(sub)
+        if not callable(fn):
+            raise CommandLoadError(f"command module {module} has no parser hook {hook}()")
+        fn(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one subcommand; returns its exit code. 1: the CLI itself cannot load (a
+    command module is broken), 2: bad arguments or an invalid config (argparse exits 2
+    itself for unknown options)."""
+    try:
+        parser = build_parser()
+    except CommandLoadError as exc:
+        print(f"hybrid-connector: {exc}", file=sys.stderr)
+        return 1
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"hybrid-connector {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,11 +6,20 @@ joined by ``__``, e.g. ``HYBRID_CONNECTOR_POOLS__HOST__STATE=2GiB``; values are 
 YAML scalars). Unknown keys, wrong types and impossible combinations raise ``ConfigError``
 naming the key and the file. Sizes accept ``5GB`` (10^9), ``512MiB`` (2^20), ``1.5 GiB`` or
 a bare number: GB for the LMCache keys ``max_local_cpu_size``/``max_local_disk_size`` (their
-LMCache meaning), bytes everywhere else.
+LMCache meaning), bytes everywhere else; a size must be finite, >= 0 and at most 1 PiB
+(anything larger is a unit mistake).
+
+Every accepted key is honoured or rejected: keys of a tier that is not configured, the
+LMCache keys this version does not implement yet (``save_decode_cache``,
+``use_layerwise``, ``lookup_timeout_ms``: only their defaults load) and contradictions
+(``local_cpu: false`` with ``pools.host``) are errors. ``extra_config`` is a free mapping
+for integrations; nothing in the core or the tiers reads it.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -18,7 +27,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+log = logging.getLogger(__name__)
 
 ENV_PATH = "HYBRID_CONNECTOR_CONFIG"
 ENV_PREFIX = "HYBRID_CONNECTOR_"
@@ -30,6 +50,7 @@ _UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+MAX_SIZE = 2**50  # 1 PiB: no pool of one process is larger; a bigger figure is a unit mistake
 
 
 class ConfigError(ValueError):
@@ -37,23 +58,50 @@ class ConfigError(ValueError):
 
 
 def parse_size(value: object, bare_unit: int = 1) -> int:
-    """Bytes from ``5GB``/``512MiB``/a number (a bare number is multiplied by ``bare_unit``)."""
+    """Bytes from ``5GB``/``512MiB``/a number (a bare number is multiplied by ``bare_unit``).
+
+    Raises ValueError for anything that is not a finite size in ``[0, MAX_SIZE]`` bytes
+    (booleans, inf, nan, negative numbers, unknown units, more than 1 PiB)."""
+    n: int | float
     if isinstance(value, bool):
         raise ValueError(f"expected a size, got {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"size must be >= 0, got {value}")
-        return int(value * bare_unit)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m and m.group(2).lower() in _UNITS:
-            unit = _UNITS[m.group(2).lower()] if m.group(2) else bare_unit
-            return int(float(m.group(1)) * unit)
-    raise ValueError(f"expected a size such as '5GB' or '512MiB', got {value!r}")
+        n = value * bare_unit
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)) and m.group(2).lower() in _UNITS:
+        n = float(m.group(1)) * (_UNITS[m.group(2).lower()] if m.group(2) else bare_unit)
+    else:
+        raise ValueError(f"expected a size such as '5GB' or '512MiB', got {value!r}")
+    if isinstance(n, float) and not math.isfinite(n):
+        raise ValueError(f"size must be finite, got {value!r}")
+    if n < 0:
+        raise ValueError(f"size must be >= 0, got {value!r}")
+    if n > MAX_SIZE:
+        hint = " (a bare number here means GB)" if bare_unit != 1 else ""
+        raise ValueError(f"size {value!r} = {float(n):.3g} B is above the 1 PiB limit{hint}")
+    return int(n)
 
 
+GB_KEYS = ("max_local_cpu_size", "max_local_disk_size")  # a bare number is GB (LMCache)
 Bytes = Annotated[int, BeforeValidator(lambda v: parse_size(v))]
 GBytes = Annotated[int, BeforeValidator(lambda v: parse_size(v, 10**9))]
+NonNegFinite = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+KindName = Literal["kv", "state", "anchor"]  # ObjectKind values (keys.py)
+ZSTD_DEFAULT_LEVEL = 3
+
+
+def _zstd_spec(value: object) -> object:
+    """``disk_zstd`` shorthand: a list of kinds means each at ``ZSTD_DEFAULT_LEVEL``."""
+    if value is None:
+        return {}
+    if isinstance(value, list | tuple):
+        return {k: ZSTD_DEFAULT_LEVEL for k in value}
+    return value
+
+
+# LMCache keys nothing honours yet (the vLLM connector will): only their defaults load.
+NOT_HONOURED = ("save_decode_cache", "use_layerwise", "lookup_timeout_ms")
+# Tier keys that used to be read from ``extra_config``; moved to typed top-level keys.
+LEGACY_EXTRA = ("disk_zstd", "disk_fsync", "disk_verify_reads", "remote_timeout_s")
 
 
 class _Strict(BaseModel):
@@ -107,10 +155,10 @@ class HybridConfig(_Strict):
     pools: Pools = Pools()
     admission: Literal["marconi", "every_block", "last_token"] = "marconi"
     eviction: Literal["lru", "marconi", "marconi_reference"] = "marconi"
-    alpha: float | Literal["auto"] = "auto"
+    alpha: float | Literal["auto"] = "auto"  # finite >= 0 (see _alpha)
     alpha_objective: Literal["flops", "token_hits"] = "flops"
-    alpha_grid: tuple[float, ...] = Field(
-        tuple(round(0.1 * i, 1) for i in range(21)), strict=False, min_length=1
+    alpha_grid: tuple[NonNegFinite, ...] = Field(
+        tuple(round(0.1 * i, 1) for i in range(21)), strict=False
     )
     bootstrap_multiplier: int = Field(5, gt=0)
     retune_interval: int = Field(500, ge=0)
@@ -124,8 +172,63 @@ class HybridConfig(_Strict):
     replay_max_tokens: int = Field(2048, gt=0)
     replay_max_kl: float = Field(0.05, ge=0.0)
     replay_min_top1: float = Field(0.9, ge=0.0, le=1.0)
-    lookup_timeout_ms: int = Field(3000, gt=0)
-    extra_config: dict[str, Any] = Field(default_factory=dict)
+    lookup_timeout_ms: int = 3000  # LMCache key, not honoured yet (see NOT_HONOURED)
+    # --- tier options (only with that tier configured) ---
+    # NVMe: kinds to compress, a list (level 3) or {kind: level 1-22}.
+    disk_zstd: Annotated[
+        dict[KindName, Annotated[int, Field(ge=1, le=22)]], BeforeValidator(_zstd_spec)
+    ] = Field(default_factory=dict)
+    disk_fsync: bool = True  # fsync each object file and its directory before indexing it
+    disk_verify_reads: bool = True  # check every read's payload checksum
+    remote_timeout_s: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # one deadline per call
+    extra_config: dict[str, Any] = Field(default_factory=dict)  # free: integrations only
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_extra(cls, data: Any, info: ValidationInfo) -> Any:
+        """Move the tier keys older configs put under ``extra_config`` to their typed keys
+        (validated like them); both spellings at once is an error naming both."""
+        extra = data.get("extra_config") if isinstance(data, dict) else None
+        if not isinstance(extra, dict) or not any(k in extra for k in LEGACY_EXTRA):
+            return data
+        data, extra = dict(data), dict(extra)
+        source = (info.context or {}).get("source", "<config>")
+        for key in LEGACY_EXTRA:
+            if key not in extra:
+                continue
+            if key in data:
+                raise ValueError(f"extra_config.{key} and {key} are both set; keep only {key}")
+            log.warning("%s: extra_config.%s is deprecated, use the top-level key %s",
+                        source, key, key)
+            data[key] = extra.pop(key)
+        data["extra_config"] = extra
+        return data
+
+    @field_validator("alpha")
+    @classmethod
+    def _alpha(cls, v: float | str) -> float | str:
+        if isinstance(v, float) and not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"alpha must be a finite number >= 0 or 'auto', got {v}")
+        return v
+
+    @field_validator("alpha_grid")
+    @classmethod
+    def _grid(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if not v:
+            raise ValueError("alpha_grid must list at least one alpha")
+        return v
+
+    @field_validator(*NOT_HONOURED)
+    @classmethod
+    def _not_honoured(cls, v: object, info: ValidationInfo) -> object:
+        assert info.field_name is not None
+        default = cls.model_fields[info.field_name].default
+        if v != default:
+            raise ValueError(
+                f"{info.field_name}: {v!r} is not honoured by this version (only the default "
+                f"{default!r} is accepted; the vLLM connector that will honour it is a later issue)"
+            )
+        return v
 
     @model_validator(mode="after")
     def _combinations(self) -> HybridConfig:
@@ -134,23 +237,52 @@ class HybridConfig(_Strict):
                 f"chunk_size ({self.chunk_size}) must be a multiple of hash_block_size "
                 f"({self.hash_block_size})"
             )
-        if self.local_disk and self.max_local_disk_size == 0 and self.pools.disk is None:
-            raise ValueError("local_disk is set but max_local_disk_size is 0")
-        if self.max_local_disk_size and not self.local_disk:
-            raise ValueError("max_local_disk_size is set but local_disk is not")
         if self.replay and self.anchor_density == 0.0:
             raise ValueError("replay is on but anchor_density is 0: no anchors to replay from")
-        if isinstance(self.alpha, float) and self.alpha < 0:
-            raise ValueError(f"alpha must be >= 0 or 'auto', got {self.alpha}")
         if self.eviction == "lru" and self.alpha != "auto" and self.alpha != 0.0:
             raise ValueError("alpha is only meaningful with eviction 'marconi'")
-        host = self.pools.host
-        if host is not None and self.local_cpu and host.total > self.max_local_cpu_size:
-            raise ValueError(
-                f"pools.host ({host.total} B) exceeds max_local_cpu_size "
-                f"({self.max_local_cpu_size} B)"
-            )
+        self._check_tiers()
         return self
+
+    def _check_tiers(self) -> None:
+        """Every tier key is honoured by a configured tier or rejected here."""
+        p = self.pools
+        if p.host is not None and not self.local_cpu:
+            raise ValueError("local_cpu is false but pools.host is set: contradictory "
+                             "(drop pools.host or set local_cpu: true)")
+        for name, pool, bound, bound_key in (
+            ("host", p.host, self.max_local_cpu_size, "max_local_cpu_size"),
+            ("device", p.device, self.device_size, "device_size"),
+            ("disk", p.disk, self.max_local_disk_size, "max_local_disk_size"),
+        ):
+            # The host bound always applies (LMCache's size key has a default); the
+            # others only when the size key is set at all.
+            if pool is not None and (bound or name == "host") and pool.total > bound:
+                raise ValueError(f"pools.{name} ({pool.total} B) exceeds {bound_key} ({bound} B)")
+        if self.local_disk:
+            if p.disk is None and self.max_local_disk_size == 0:
+                raise ValueError("local_disk is set but max_local_disk_size is 0")
+            if p.disk is not None and p.disk.total == 0:
+                raise ValueError("local_disk is set but pools.disk is all 0")
+        else:
+            unused = [k for k, on in (
+                ("max_local_disk_size", self.max_local_disk_size != 0),
+                ("pools.disk", p.disk is not None), ("disk_zstd", bool(self.disk_zstd)),
+                ("disk_fsync", not self.disk_fsync),
+                ("disk_verify_reads", not self.disk_verify_reads)) if on]
+            if unused:
+                raise ValueError(f"{_are(unused)} set but local_disk is not")
+        if self.remote_url:
+            if self.budget("remote").total == 0:
+                raise ValueError("remote_url is set but pools.remote is empty: give the "
+                                 "remote tier per-kind budgets")
+        else:
+            unused = [k for k, on in (
+                ("pools.remote", p.remote is not None),
+                ("remote_serde", self.remote_serde != "naive"),
+                ("remote_timeout_s", self.remote_timeout_s != 1.0)) if on]
+            if unused:
+                raise ValueError(f"{_are(unused)} set but remote_url is not")
 
     def budget(self, tier: str) -> PoolBudget:
         """Effective per-kind budget of ``tier`` (explicit pools win over LMCache size keys)."""
@@ -167,12 +299,25 @@ class HybridConfig(_Strict):
         }[tier]
         return PoolBudget(**{k: int(total * f) for k, f in DEFAULT_SPLIT.items()})
 
+    def explicit(self) -> dict[str, Any]:
+        """The keys set explicitly (file, env, overrides) as ``load_config`` overrides that
+        validate back to the same values (the GB-when-bare size keys as byte strings)."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.model_fields_set}
+        for k in GB_KEYS:
+            if k in out:
+                out[k] = f"{out[k]}B"
+        return out
+
     @property
     def disk_path(self) -> str | None:
         """``local_disk`` without a ``file://`` prefix."""
         if self.local_disk is None:
             return None
         return self.local_disk.removeprefix("file://")
+
+
+def _are(keys: list[str]) -> str:
+    return f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'}"
 
 
 def _env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -226,10 +371,14 @@ def load_config(
         data = _merge(data, overrides)
     where = source or "<defaults+env>"
     try:
-        return HybridConfig.model_validate(data)
+        return HybridConfig.model_validate(data, context={"source": where})
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "<root>"
-            problems.append(f"{where}: key '{key}': {err['msg']}")
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["loc"]:
+                key = ".".join(str(p) for p in err["loc"])
+                problems.append(f"{where}: key '{key}': {msg}")
+            else:  # a combination: the message names its keys
+                problems.append(f"{where}: {msg}")
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems)) from None

@@ -2,13 +2,15 @@
 
 Every payload saved is a deterministic function of (kind, start, end, tokens), so each
 load can be checked byte for byte against what the engine would have produced; any
-mismatch aborts the demo. Prints hit statistics at the end.
+mismatch aborts the demo (``CorruptLoad``, exit code 1). Prints hit statistics at the end.
+Bad arguments (a size, model or config that does not load) exit with code 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -19,10 +21,15 @@ from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig, load_config
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
-from hybrid_connector.model_presets import get_preset
+from hybrid_connector.model_presets import load_geometry
 from hybrid_connector.plan import SaveItem
+from hybrid_connector.radix import IntegrityError
 from hybrid_connector.sim.traces import multi_turn_chat
 from tiers.store import ObjectStore
+
+
+class CorruptLoad(RuntimeError):
+    """A loaded object differs from what was saved for it."""
 
 
 def fake_payload(tokens: np.ndarray, kind: ObjectKind, start: int, end: int, nbytes: int) -> torch.Tensor:
@@ -49,8 +56,21 @@ def _items(geo: ModelGeometry, cfg: HybridConfig, toks: np.ndarray, kv_from: int
 
 def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: ObjectStore, records: list[dict[str, Any]],
              progress: bool = True) -> HybridCache:
-    """Replay ``records`` through a cache over ``store``; verify every load; return the cache."""
+    """Replay ``records`` through a cache over ``store``; verify every load; return the cache.
+    Raises ``CorruptLoad`` for a mismatching load and ``IntegrityError`` for a broken index
+    (the cache is closed first)."""
     cache = HybridCache(cfg, geo, store)
+    try:
+        _replay(cache, cfg, geo, records, progress)
+        cache.check_integrity()
+    except BaseException:
+        cache.close()
+        raise
+    return cache
+
+
+def _replay(cache: HybridCache, cfg: HybridConfig, geo: ModelGeometry,
+            records: list[dict[str, Any]], progress: bool) -> None:
     for rec in tqdm(records, desc="requests", disable=not progress):
         prompt = np.asarray(rec["input_tokens"], dtype=np.int64)
         full = np.concatenate([prompt, np.asarray(rec["output_tokens"], dtype=np.int64)])
@@ -62,20 +82,18 @@ def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: ObjectStore, records:
             for obj, data in zip(plan.kv, loaded.kv, strict=True):
                 want = fake_payload(prompt, ObjectKind.KV, obj.ref.start, obj.ref.end, obj.ref.nbytes)
                 if not torch.equal(data, want):
-                    raise RuntimeError(f"corrupt KV chunk {obj.ref.key}")
+                    raise CorruptLoad(f"corrupt KV chunk {obj.ref.key}")
             if plan.state is not None and loaded.state is not None:
                 p = plan.num_tokens
                 if not torch.equal(loaded.state, fake_payload(prompt, ObjectKind.STATE, p, p,
                                                               plan.state.ref.nbytes)):
-                    raise RuntimeError(f"corrupt state {plan.state.ref.key}")
+                    raise CorruptLoad(f"corrupt state {plan.state.ref.key}")
         sp = cache.plan_saves(prompt)
         cache.save(prompt, _items(geo, cfg, prompt, sp.kv_from, prompt.size, sp.state_positions))
         cache.release(lease)
         final = _items(geo, cfg, full, sp.kv_from, full.size,
                        (cache.final_checkpoint(int(full.size)),))
         cache.finish(full, final, prompt_len=int(prompt.size))
-    cache.check_integrity()
-    return cache
 
 
 def format_stats(cache: HybridCache) -> str:
@@ -94,12 +112,19 @@ def format_stats(cache: HybridCache) -> str:
     ])
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="CPU demo: lookup/save cycle on a generated multi-turn trace")
     p.add_argument("--config", help="YAML config (default: built-in demo settings)")
-    p.add_argument("--model", default="qwen3.5-0.8b", help="model preset for object sizes")
-    p.add_argument("--sessions", type=int, default=24)
-    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--model", default="qwen3.5-0.8b", help="model preset or geometry YAML for object sizes")
+    p.add_argument("--sessions", type=_positive, default=24)
+    p.add_argument("--turns", type=_positive, default=6)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host-size", default="2GiB", help="host pool total (split 60/30/10 KV/state/anchor)")
     p.add_argument("--disk", help="directory for an NVMe tier below host memory")
@@ -115,15 +140,23 @@ def run(args: argparse.Namespace) -> int:
         over["max_local_cpu_size"] = args.host_size
         if args.disk:
             over.update(local_disk=args.disk, max_local_disk_size=args.disk_size)
-    cfg = load_config(args.config, overrides=over)
-    geo = get_preset(args.model)
+    cfg = load_config(args.config, overrides=over)  # a ConfigError exits 2 (cli.main)
+    try:
+        geo = load_geometry(args.model)
+    except (OSError, ValueError) as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
     budget = cfg.budget("host")
     store = build_store(cfg)
     records = multi_turn_chat(args.sessions, args.turns, args.seed)
     print(f"model {geo.name}: KV {geo.kv_bytes_per_token()} B/token, "
           f"state checkpoint {geo.state_bytes() / 2**20:.2f} MiB; host pools "
           f"KV {budget.kv / 2**20:.0f} MiB, state {budget.state / 2**20:.0f} MiB")
-    cache = run_demo(cfg, geo, store, records)
+    try:
+        cache = run_demo(cfg, geo, store, records)
+    except (CorruptLoad, IntegrityError) as exc:
+        print(f"demo: FAILED: {exc}", file=sys.stderr)
+        return 1
     print(format_stats(cache))
     st = getattr(store, "stats", None)
     if callable(st):

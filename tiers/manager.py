@@ -119,13 +119,13 @@ class TierManager(ObjectStore):
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_config(cls, config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
-        """Tiers from the config: device (``device_size``/``pools.device``), host
-        (``max_local_cpu_size``/``pools.host``), disk (``local_disk`` + its budget;
-        ``extra_config.disk_zstd``: kinds to compress, a list or ``{kind: level}``;
-        ``disk_fsync``/``disk_verify_reads``: default true),
-        remote (``remote_url`` + ``pools.remote``, ``remote_serde``;
-        ``extra_config.remote_timeout_s``). A tier whose budget is all zero is left out.
-        Raises ValueError/OSError for a bad remote URL or an unusable disk path."""
+        """Tiers from the config's typed keys (``extra_config`` is never read): device
+        (``device_size``/``pools.device``), host (``max_local_cpu_size``/``pools.host``),
+        disk (``local_disk`` + its budget, ``disk_zstd``, ``disk_fsync``,
+        ``disk_verify_reads``), remote (``remote_url`` + ``pools.remote``, ``remote_serde``,
+        ``remote_timeout_s``). A tier whose budget is all zero is left out (the config
+        rejects a disk or remote tier named without a budget). Raises ValueError/OSError for
+        a bad remote URL or an unusable disk path."""
         from tiers.device import DeviceTier
         from tiers.host import HostTier
         from tiers.nvme import NvmeTier
@@ -142,18 +142,12 @@ class TierManager(ObjectStore):
             tiers.append(HostTier(budgets("host")))
         if config.disk_path and config.budget("disk").total:
             tiers.append(NvmeTier(
-                config.disk_path, budgets("disk"),
-                zstd=_zstd_kinds(config.extra_config.get("disk_zstd")),
-                fsync=bool(config.extra_config.get("disk_fsync", True)),
-                verify_reads=bool(config.extra_config.get("disk_verify_reads", True))))
-        if config.remote_url:
-            if config.budget("remote").total:
-                tiers.append(RemoteTier(
-                    config.remote_url, budgets("remote"), serde=config.remote_serde,
-                    timeout=float(config.extra_config.get("remote_timeout_s", 1.0))))
-            else:
-                log.warning("remote_url %s is set but pools.remote is empty: remote tier off",
-                            config.remote_url)
+                config.disk_path, budgets("disk"), zstd=_zstd_kinds(config),
+                fsync=config.disk_fsync, verify_reads=config.disk_verify_reads))
+        if config.remote_url and config.budget("remote").total:
+            tiers.append(RemoteTier(
+                config.remote_url, budgets("remote"), serde=config.remote_serde,
+                timeout=config.remote_timeout_s))
         return cls(tiers)
 
     # ------------------------------------------------------------------ accounting
@@ -443,18 +437,9 @@ class TierManager(ObjectStore):
                 t.close()
 
 
-def _zstd_kinds(spec: object) -> dict[ObjectKind, int]:
-    """``extra_config.disk_zstd``: None, a list of kind names (level 3) or {kind: level}."""
-    if spec is None:
-        return {}
-    try:
-        if isinstance(spec, dict):
-            return {ObjectKind(k): int(v) for k, v in spec.items()}
-        if isinstance(spec, list | tuple):
-            return {ObjectKind(k): 3 for k in spec}
-    except ValueError as exc:
-        raise ValueError(f"extra_config.disk_zstd: {exc}") from exc
-    raise ValueError(f"extra_config.disk_zstd must be a list of kinds or a mapping, got {spec!r}")
+def _zstd_kinds(config: HybridConfig) -> dict[ObjectKind, int]:
+    """``config.disk_zstd`` (kind name -> level, validated at load) keyed by ``ObjectKind``."""
+    return {ObjectKind(k): level for k, level in config.disk_zstd.items()}
 
 
 def build_store(config: HybridConfig, device: torch.device | str | None = None) -> ObjectStore:

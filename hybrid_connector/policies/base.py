@@ -56,6 +56,10 @@ class EvictionPolicy(ABC):
         """Whether an object evicted from a fast tier deserves a slower one."""
         return True
 
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the policy owns (threads, pools); the owning cache calls it from its
+        own ``close``. Must be idempotent; the policy is not used afterwards."""
+
 
 class SavePlan(NamedTuple):
     """Where a request should save objects while it is prefilled.

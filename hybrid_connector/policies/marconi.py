@@ -29,7 +29,7 @@ reports a grid-search result (see ``tuner.py``); the policy then adopts it.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -182,30 +182,27 @@ class MarconiEviction(EvictionPolicy):
 
     def _choose(self, kind: ObjectKind) -> Node | None:
         if kind is ObjectKind.ANCHOR:
-            for _, nid in self._by_time[kind]:
-                node = self._entries[nid].node
-                self.scanned += 1
-                if self.evictable(node, kind):
-                    return node
-            return None
+            return self._first_evictable(self._by_time[kind], kind)
         return self._threshold_scan(kind)
+
+    def _first_evictable(self, items: list[tuple[float, int]], kind: ObjectKind) -> Node | None:
+        """The first evictable node in ``items`` order (counted in ``scanned``)."""
+        for _, nid in items:
+            node = self._entries[nid].node
+            self.scanned += 1
+            if self.evictable(node, kind):
+                return node
+        return None
 
     def _evictable_ends(
         self, items: list[tuple[float, int]], kind: ObjectKind
     ) -> tuple[float, float] | None:
-        lo = hi = None
-        for value, nid in items:
-            if self.evictable(self._entries[nid].node, kind):
-                lo = value
-                break
-        if lo is None:
-            return None
-        for value, nid in reversed(items):
-            if self.evictable(self._entries[nid].node, kind):
-                hi = value
-                break
-        assert hi is not None
-        return lo, hi
+        """Lowest and highest evictable key of ``items`` (scanned from both ends), or None."""
+        def keys(it: Iterable[tuple[float, int]]) -> Iterator[float]:
+            return (v for v, nid in it if self.evictable(self._entries[nid].node, kind))
+
+        lo = next(keys(items), None)
+        return None if lo is None else (lo, next(keys(reversed(items))))
 
     def _threshold_scan(self, kind: ObjectKind) -> Node | None:
         times, effs = self._by_time[kind], self._by_eff[kind]
@@ -216,11 +213,7 @@ class MarconiEviction(EvictionPolicy):
         if alpha == 0.0:
             # Utility is normalised recency alone: the minimum is the first evictable entry
             # in (last_access, id) order, which is exactly the (utility, id) minimum.
-            for _, nid in times:
-                node = self._entries[nid].node
-                self.scanned += 1
-                if self.evictable(node, kind):
-                    return node
+            return self._first_evictable(times, kind)
         e_ends = self._evictable_ends(effs, kind)
         assert e_ends is not None
         rmin, rmax = recency(now, t_ends[0]), recency(now, t_ends[1])
@@ -369,6 +362,11 @@ class MarconiEviction(EvictionPolicy):
             self.alpha = got
             self.alpha_history.append((self._requests, got))
 
+    def close(self) -> None:
+        """Close the alpha tuner (joins its worker thread); idempotent."""
+        if self.tuner is not None:
+            self.tuner.close()
+
     def candidates(self, kind: ObjectKind) -> Iterable[Node]:
         """Indexed candidates of ``kind`` (for inspection and tests)."""
         self._sync()
@@ -387,9 +385,7 @@ class FullWalkMarconi(MarconiEviction):
     def _choose(self, kind: ObjectKind) -> Node | None:
         if kind is ObjectKind.ANCHOR:
             return super()._choose(kind)
-        cands = [
-            n for n in self.tree.nodes() if eligible(n, kind) and self.evictable(n, kind)
-        ]
+        cands = [n for n in self.tree.nodes() if eligible(n, kind) and self.evictable(n, kind)]
         self.scanned += len(self.tree)
         if not cands:
             return self._fallback(kind)
@@ -398,10 +394,5 @@ class FullWalkMarconi(MarconiEviction):
         rs = {n.id: recency(now, n.last_access) for n in cands}
         rmin, rmax = min(rs.values()), max(rs.values())
         emin, emax = min(effs.values()), max(effs.values())
-        return min(
-            cands,
-            key=lambda n: (
-                utility(rs[n.id], effs[n.id], rmin, rmax, emin, emax, self.alpha),
-                n.id,
-            ),
-        )
+        return min(cands, key=lambda n: (
+            utility(rs[n.id], effs[n.id], rmin, rmax, emin, emax, self.alpha), n.id))

@@ -151,7 +151,10 @@ class AlphaTuner:
         return rnd
 
     def close(self) -> None:
-        """Stop the worker thread (a running round finishes first)."""
+        """Stop the worker thread (a running round finishes first and ``poll`` still hands
+        it over). Idempotent; a closed tuner never starts another thread: a round still
+        due afterwards runs inline."""
+        self.background = False
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None

@@ -3,8 +3,13 @@
 ``simulate --trace FILE --config FILE``: replays a JSONL trace through the real cache for
 the configured policy set (``config.admission``/``eviction``/``alpha``/placement/anchors)
 and, with ``--baselines``, every baseline of ``sim.baselines`` at the same byte budget;
-prints one row per policy (token and request hit rate, FLOPs saved, bytes by kind,
-modeled TTFT) and optionally writes them as JSON.
+prints one row per policy (token and request hit rate, FLOPs saved, modeled TTFT) and
+optionally writes them as JSON (with objects and bytes stored, evicted and peak by kind).
+The model is ``--model``, else the config's ``model``, else ``marconi-7b``: a preset name
+or a geometry YAML, as the config allows. The cache is the config's own pool budgets per
+kind (summed over its tiers) unless ``--size`` is given, which then overrides them with
+one pool that KV and states share (the reference simulator's single cache size); the
+output says which. Exit code 2 for a bad argument, trace, model or config.
 
 ``gen-trace KIND --out FILE``: writes a synthetic trace (``chat``, ``agentic``, ``docqa``,
 ``sysprompt``) with the generator's documented defaults and the given seed.
@@ -17,7 +22,7 @@ import json
 import sys
 from typing import Any
 
-from hybrid_connector.config import ConfigError, load_config
+from hybrid_connector.config import ConfigError, HybridConfig, load_config
 from hybrid_connector.config import parse_size as _parse_size
 
 GEN_SIZES = {
@@ -29,8 +34,8 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("simulate", help="replay a JSONL trace through the cache's policies")
     p.add_argument("--trace", required=True, help="JSONL trace (session_id, turn_id, ts, input_tokens, output_tokens)")
     p.add_argument("--config", default=None, help="hybrid-connector YAML config (policies, alpha, placement, ...)")
-    p.add_argument("--model", default=None, help="model preset for byte/FLOP sizes (default: config.model or marconi-7b)")
-    p.add_argument("--size", default="8GiB", help="cache size shared by KV and states (e.g. 8GiB)")
+    p.add_argument("--model", default=None, help="model preset or geometry YAML for byte/FLOP sizes (default: config.model or marconi-7b)")
+    p.add_argument("--size", default=None, help="override the config's pool budgets: one cache size shared by KV and states (e.g. 8GiB)")
     p.add_argument("--baselines", action="store_true", help="also run every baseline policy set")
     p.add_argument("--grid", default=None, help="alpha grid for auto alpha and the oracle, e.g. 0,0.5,1,2")
     p.add_argument("--json", default=None, help="write the result rows to this JSON file")
@@ -59,49 +64,62 @@ def run_gen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _policy_spec(config_path: str | None, grid: tuple[float, ...] | None) -> Any:
+def _policy_spec(cfg: HybridConfig, grid: tuple[float, ...] | None) -> Any:
     """The configured policy set as a ``PolicySpec`` (what the cache would build)."""
     from hybrid_connector.policies import build
-    from hybrid_connector.sim.baselines import PolicySpec, _auto
+    from hybrid_connector.sim.baselines import PolicySpec, _auto, _lru
 
-    cfg = load_config(config_path, environ={})
     # Only what the file sets: everything else keeps the simulator's token-granular base.
-    over: dict[str, Any] = {k: getattr(cfg, k) for k in cfg.model_fields_set}
+    over = cfg.explicit()
     over.pop("model", None)
     if grid:
         over["alpha_grid"] = grid
     acct = build.ACCOUNTING.get(cfg.eviction)
     anchors = cfg.replay
-    from hybrid_connector.sim.baselines import _lru
-
     evict = _lru if acct is None else _auto(acct, build.admission, anchors)
     return PolicySpec("configured", f"{cfg.admission} + {cfg.eviction} (from config)", over,
                       evict, build.admission, anchors=anchors, anchor_share=0.1 if anchors else 0.0)
 
 
+def _cache_size(cfg: HybridConfig, size: str | None) -> tuple[Any, str]:
+    """``--size`` as a pooled total, else the config's per-kind budgets; and a line saying
+    which. Raises ValueError for a bad size or a config without any pool budget."""
+    from hybrid_connector.sim.store import Budget
+
+    if size is not None:
+        total = _parse_size(size)
+        return total, (f"cache {total / 2**30:.2f} GiB shared by KV and states "
+                       f"(--size {size} overrides the config's pool budgets)")
+    budget = Budget.from_config(cfg)
+    if not budget.total:
+        raise ValueError("the config gives the cache no pool budget; pass --size")
+    pools = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in budget.pools.items())
+    return budget, f"cache from the config's pool budgets (all tiers): {pools}"
+
+
 def run(args: argparse.Namespace) -> int:
-    from hybrid_connector.model_presets import get_preset
+    from hybrid_connector.model_presets import load_geometry
     from hybrid_connector.sim.baselines import baseline_specs
     from hybrid_connector.sim.simulate import run_spec
     from hybrid_connector.sim.traces import load_jsonl
 
     try:
+        cfg = load_config(args.config, environ={})
         records = load_jsonl(args.trace)
-        total = _parse_size(args.size)
+        size, size_line = _cache_size(cfg, args.size)
         grid = tuple(float(x) for x in args.grid.split(",")) if args.grid else None
-        spec = _policy_spec(args.config, grid)
-        model = args.model or load_config(args.config, environ={}).model or "marconi-7b"
-        geometry = get_preset(model)
+        spec = _policy_spec(cfg, grid)
+        geometry = load_geometry(args.model or cfg.model or "marconi-7b")
     except (OSError, ValueError, ConfigError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)
         return 2
     specs = [spec] + (baseline_specs(geometry, grid) if args.baselines else [])
     rows = []
-    print(f"{len(records)} requests, model {geometry.name}, cache {total / 2**30:.2f} GiB")
+    print(f"{len(records)} requests, model {geometry.name}, {size_line}")
     print(f"{'policy':18s} {'tok_hit':>8s} {'approx':>7s} {'req_hit':>8s} {'flops%':>7s} "
           f"{'ttft_p50':>9s} {'ttft_p95':>9s} {'alpha':>6s} {'states':>7s}")
     for s in specs:
-        r = run_spec(records, s, geometry, total)
+        r = run_spec(records, s, geometry, size)
         rows.append(r.row())
         alpha = "-" if r.alpha is None else f"{r.alpha:.2f}"
         print(f"{r.policy:18s} {r.token_hit_rate:8.3f} {r.approx_hit_tokens / max(1, r.prompt_tokens):7.3f} "

@@ -20,6 +20,7 @@ accounts them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import TracebackType
 
 import numpy as np
 
@@ -53,6 +54,8 @@ class Simulator:
 
     ``anchors``: save anchor pages (``config.anchor_page_size``, ``config.anchor_density``)
     for computed tokens; they produce (approximate) hits only when ``config.replay`` is on.
+    ``close()`` (or leaving a ``with`` block) closes the cache and so its policies; the
+    statistics stay readable.
     """
 
     def __init__(
@@ -74,6 +77,16 @@ class Simulator:
         self.page = config.anchor_page_size
         self.anchor_bytes = anchor_page_bytes(geometry, self.page, config.anchor_density)
         self.states_saved = 0
+
+    def close(self) -> None:
+        self.cache.close()
+
+    def __enter__(self) -> Simulator:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
     def _kv(self, start: int, end: int) -> SaveItem:
         return SaveItem(ObjectKind.KV, start, end, zero_payload((end - start) * self.kv_tok))

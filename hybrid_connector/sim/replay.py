@@ -5,7 +5,7 @@
 ``MarconiEviction``, replays the window with the simulator's loop, and returns the
 objective summed over ``window[eval_from:]``: FLOPs saved by hits (``"flops"``, measured with
 the policy's own accounting, so ``marconi_reference`` tunes on the reference's FLOPs) or
-hit tokens (``"token_hits"``). Pure: every call starts from nothing.
+hit tokens (``"token_hits"``). Pure: every call starts from nothing and closes its cache.
 """
 
 from __future__ import annotations
@@ -52,16 +52,16 @@ class CacheReplayer:
 
     def __call__(self, window: Sequence[TunerRequest], alpha: float, eval_from: int) -> float:
         self.calls += 1
-        sim = Simulator(
+        total = 0.0
+        with Simulator(
             self.config, self.geometry, self.budget,
             eviction=MarconiEviction(alpha=alpha, accounting=self.accounting),
             admission=self.admission(), anchors=self.anchors,
-        )
-        total = 0.0
-        for i, req in enumerate(window):
-            res = sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :])
-            if i >= eval_from and res.hit:
-                total += res.hit if self.objective == "token_hits" else self._acct.hit_flops(res.hit)
+        ) as sim:
+            for i, req in enumerate(window):
+                res = sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :])
+                if i >= eval_from and res.hit:
+                    total += res.hit if self.objective == "token_hits" else self._acct.hit_flops(res.hit)
         return total
 
 

@@ -6,11 +6,15 @@ Metrics (Marconi's, plus what this cache adds):
   with a hit / requests; both split into exact and approximate (suffix replay) parts;
 * FLOPs saved = sum over hits of ``geometry.flops_saved(hit)`` (per-family FLOPs; replay
   FLOPs of approximate hits are subtracted), also as a fraction of all prompt FLOPs;
-* bytes by kind: stored, evicted and peak resident (from the size-only store);
+* by kind: objects stored (a count: what the cache indexed), bytes stored (every byte the
+  store accepted), bytes evicted and peak resident bytes;
 * modeled TTFT (``prefill.PrefillModel``, a documented FLOPs + load model): mean, P50, P95.
 
 ``run_spec`` runs one spec; the ``oracle`` spec runs once per alpha in its grid and keeps
-the best FLOPs saved (a fixed alpha chosen in hindsight). Everything is deterministic.
+the best FLOPs saved (a fixed alpha chosen in hindsight). The cache size is either a total
+(``int``: ``spec.budget`` pools KV and states in it, the reference's single cache size) or a
+per-pool ``Budget`` used as given (``Budget.from_config``: a config's own pools). Everything
+is deterministic.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from hybrid_connector.policies.marconi import MarconiEviction
 from hybrid_connector.sim.baselines import PolicySpec
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.prefill import PrefillModel
+from hybrid_connector.sim.store import Budget
 from hybrid_connector.sim.traces import Record
 
 
@@ -50,6 +55,7 @@ class SimResult:
     ttft_p50: float
     ttft_p95: float
     states_saved: int
+    stored_objects: dict[str, int] = field(default_factory=dict)
     stored_bytes: dict[str, int] = field(default_factory=dict)
     evicted_bytes: dict[str, int] = field(default_factory=dict)
     peak_bytes: dict[str, int] = field(default_factory=dict)
@@ -81,8 +87,16 @@ def _arrays(r: Record) -> tuple[np.ndarray, np.ndarray]:
             np.asarray(r["output_tokens"], dtype=np.int64))
 
 
+def _budget(spec: PolicySpec, size: int | Budget, state_share: float | None) -> Budget:
+    if isinstance(size, Budget):
+        if state_share is not None:
+            raise ValueError("state_share splits a total size; a Budget is already split")
+        return size
+    return spec.budget(size, state_share)
+
+
 def run_once(
-    records: Sequence[Record], spec: PolicySpec, geometry: ModelGeometry, total_bytes: int,
+    records: Sequence[Record], spec: PolicySpec, geometry: ModelGeometry, total_bytes: int | Budget,
     alpha: float | None = None, prefill: PrefillModel | None = None,
     base: dict[str, Any] | None = None, state_share: float | None = None,
 ) -> SimResult:
@@ -93,7 +107,7 @@ def run_once(
     if alpha is not None:
         over["alpha"] = float(alpha)
     config = spec.config(over)
-    budget = spec.budget(total_bytes, state_share)
+    budget = _budget(spec, total_bytes, state_share)
     eviction: EvictionPolicy
     if alpha is not None:
         eviction = MarconiEviction(alpha=float(alpha))
@@ -107,31 +121,33 @@ def run_once(
     hit_tok = approx_tok = hits = approx = prompt = 0
     saved = total_flops = 0.0
     ttfts = []
-    for r in ordered:
-        inp, out = _arrays(r)
-        res = sim.step(inp, out)
-        prompt += res.prompt
-        total_flops += geometry.flops_saved(res.prompt).total
-        if res.hit:
-            hits += 1
-            hit_tok += res.hit
-            gain = geometry.flops_saved(res.hit).total
-            if not res.exact:
-                approx += 1
-                approx_tok += res.hit
-                gain -= prefill.replay_flops(geometry, res.replay_from or 0, res.hit)
-            saved += gain
-        ttfts.append(prefill.ttft(geometry, res.prompt, res.hit, res.loaded_bytes,
-                                  res.replay_from))
+    with sim:  # closes the cache (and its policies); the statistics stay readable
+        for r in ordered:
+            inp, out = _arrays(r)
+            res = sim.step(inp, out)
+            prompt += res.prompt
+            total_flops += geometry.flops_saved(res.prompt).total
+            if res.hit:
+                hits += 1
+                hit_tok += res.hit
+                gain = geometry.flops_saved(res.hit).total
+                if not res.exact:
+                    approx += 1
+                    approx_tok += res.hit
+                    gain -= prefill.replay_flops(geometry, res.replay_from or 0, res.hit)
+                saved += gain
+            ttfts.append(prefill.ttft(geometry, res.prompt, res.hit, res.loaded_bytes,
+                                      res.replay_from))
     st = sim.cache.stats
     arr = np.asarray(ttfts) if ttfts else np.zeros(1)
     return SimResult(
-        policy=spec.name, budget_bytes=total_bytes, requests=len(ordered),
+        policy=spec.name, budget_bytes=budget.total, requests=len(ordered),
         prompt_tokens=prompt, hit_tokens=hit_tok, approx_hit_tokens=approx_tok, hits=hits,
         approx_hits=approx, flops_saved=saved, prompt_flops=total_flops,
         ttft_mean=float(arr.mean()), ttft_p50=float(np.percentile(arr, 50)),
         ttft_p95=float(np.percentile(arr, 95)), states_saved=sim.states_saved,
-        stored_bytes={k.value: st.stored[k.value] for k in ObjectKind},
+        stored_objects={k.value: st.stored[k.value] for k in ObjectKind},
+        stored_bytes={k.value: sim.store.put_bytes[k] for k in ObjectKind},
         evicted_bytes=dict(st.evicted),
         peak_bytes={k.value: sim.store.peak[k] for k in ObjectKind},
         alpha=getattr(eviction, "alpha", None),
@@ -141,7 +157,7 @@ def run_once(
 
 
 def run_spec(
-    records: Sequence[Record], spec: PolicySpec, geometry: ModelGeometry, total_bytes: int,
+    records: Sequence[Record], spec: PolicySpec, geometry: ModelGeometry, total_bytes: int | Budget,
     prefill: PrefillModel | None = None, base: dict[str, Any] | None = None,
     state_share: float | None = None,
 ) -> SimResult:

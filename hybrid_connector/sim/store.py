@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybrid_connector.config import TIERS, HybridConfig
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.store import ObjectStore
 
@@ -46,6 +47,15 @@ class Budget:
     def per_kind(cls, sizes: Mapping[ObjectKind, int]) -> Budget:
         return cls({k.value: int(v) for k, v in sizes.items()}, {k: k.value for k in sizes})
 
+    @classmethod
+    def from_config(cls, config: HybridConfig) -> Budget:
+        """One pool per kind holding the config's budget for that kind summed over its
+        tiers: the ``capacity(kind)`` a ``TierManager`` built from it gives the cache (the
+        simulator models sizes, not which tier an object sits in)."""
+        return cls.per_kind({
+            k: sum(getattr(config.budget(t), k.value) for t in TIERS) for k in ObjectKind
+        })
+
     @property
     def total(self) -> int:
         return sum(self.pools.values())
@@ -63,6 +73,7 @@ class SizeOnlyStore(ObjectStore):
         self._sizes: dict[ObjectKey, int] = {}
         self._used = {k: 0 for k in ObjectKind}
         self.peak = {k: 0 for k in ObjectKind}
+        self.put_bytes = {k: 0 for k in ObjectKind}  # bytes of every accepted put, cumulative
 
     def _pool_budget(self, kind: ObjectKind) -> int:
         pool = self.budget.kinds.get(kind)
@@ -113,6 +124,7 @@ class SizeOnlyStore(ObjectStore):
             self._sizes[key] = nbytes
             self._used[key.kind] += nbytes - old
             self.peak[key.kind] = max(self.peak[key.kind], self._used[key.kind])
+            self.put_bytes[key.kind] += nbytes
             out.append(True)
         return out
 

@@ -78,7 +78,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ requests
     def _prompt(self, seq, data, reuse=None):
-        if self.seqs and data.draw(reuse or st.booleans()):
+        if self.seqs and data.draw(st.booleans() if reuse is None else reuse):
             base = data.draw(st.sampled_from(self.seqs))
             seq = base[: data.draw(st.integers(1, len(base)))] + seq[: data.draw(st.integers(0, 4))]
         return np.asarray(seq, dtype=np.int64)

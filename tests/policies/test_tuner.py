@@ -101,3 +101,42 @@ def test_real_replays_pick_different_alphas_for_different_workloads(geo, sim_con
         sim.step(r["input_tokens"], r["output_tokens"])
     assert tuner.history and pol.alpha == tuner.history[-1].chosen
     assert pol.alpha_history
+
+
+# ---------------------------------------------------------------- issue 9, item 22
+def test_cache_close_stops_the_tuner_thread_and_is_idempotent(geo, sim_config) -> None:
+    import threading
+
+    from hybrid_connector.policies.lru import LRUEviction
+
+    tuner = AlphaTuner(length_replayer, grid=(0.0, 1.0), bootstrap_multiplier=1,
+                       retune_interval=0, background=True, min_window=1)
+    pol = MarconiEviction(alpha=None, tuner=tuner)
+    # Room for about two requests: evictions start early, so a round is launched.
+    sim = Simulator(sim_config, geo, Budget.pooled(int(3e8)), eviction=pol)
+    rng = np.random.default_rng(0)
+    for _ in range(6):
+        sim.step(rng.integers(3, 9000, size=1000), np.array([5]))
+    assert tuner._pool is not None, "no tuning round ran on the worker thread"
+    workers = list(tuner._pool._threads)
+    assert workers and all(t.is_alive() for t in workers)
+    sim.cache.close()
+    assert not any(t.is_alive() for t in workers)
+    assert not set(workers) & set(threading.enumerate())
+    sim.cache.close()  # idempotent, and so are the policy's and the tuner's own close
+    pol.close()
+    tuner.close()
+    LRUEviction().close()  # the base policy's close is a no-op
+
+
+def test_a_closed_tuner_never_starts_another_thread() -> None:
+    t = AlphaTuner(length_replayer, grid=(0.0, 2.0), bootstrap_multiplier=1,
+                   retune_interval=1, background=True, min_window=1)
+    t.start(1)
+    t.record(*_req(1800))
+    t.close()
+    assert t.poll() == 2.0  # the round in flight finished and is still handed over
+    for _ in range(3):  # retune_interval 1: each request is due a round
+        t.record(*_req(10))
+        t.poll()
+    assert t._pool is None and t.current == 0.0  # later rounds ran inline

@@ -122,3 +122,111 @@ def test_anchor_pressure_never_evicts_kv(geo) -> None:
     last = sim.cache.tree.match(seqs[-1]).path
     assert any(n.anchors for n in last)
     sim.cache.check_integrity()
+
+
+# ---------------------------------------------------------------- issue 9, item 21
+def _trace(tmp_path):
+    trace = tmp_path / "chat.jsonl"
+    save_jsonl(multi_turn_chat(3, 3, 0, lengths="sharegpt", as_arrays=True), trace)
+    return trace
+
+
+def _simulate(tmp_path, *extra):
+    out = tmp_path / "rows.json"
+    rc = main(["simulate", "--trace", str(_trace(tmp_path)), "--json", str(out), *extra])
+    return rc, (json.loads(out.read_text()) if rc == 0 else None)
+
+
+def test_simulate_accepts_a_geometry_yaml_as_model(tmp_path, geo, capsys) -> None:
+    import yaml
+
+    gfile = tmp_path / "geo.yaml"
+    gfile.write_text(yaml.safe_dump({**geo.to_dict(), "name": "my-geometry"}))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {gfile}\n")
+    rc, rows = _simulate(tmp_path, "--config", str(cfg), "--size", "2GiB")
+    assert rc == 0 and rows[0]["policy"] == "configured"
+    assert "model my-geometry" in capsys.readouterr().out
+    rc, _ = _simulate(tmp_path, "--model", str(gfile), "--size", "2GiB")
+    assert rc == 0
+    assert _simulate(tmp_path, "--model", str(tmp_path / "missing.yaml"))[0] == 2
+
+
+def test_stored_bytes_are_bytes_and_counts_are_counts(geo) -> None:
+    recs = multi_turn_chat(3, 3, 0, lengths="sharegpt", as_arrays=True)
+    spec = next(s for s in baseline_specs(geo, grid=(0.0,)) if s.name == "sglang")
+    r = run_once(recs, spec, geo, int(2e9))
+    assert r.stored_objects["state"] > 0 and r.stored_objects["kv"] > 0
+    assert r.stored_bytes["state"] == r.stored_objects["state"] * geo.state_bytes()
+    kv_tok = geo.kv_bytes_per_token()
+    assert r.stored_bytes["kv"] % kv_tok == 0
+    assert r.stored_bytes["kv"] // kv_tok >= r.stored_objects["kv"]  # >= 1 token per chunk
+    assert r.row()["stored_bytes"] == r.stored_bytes
+
+
+def test_size_defaults_to_the_config_pool_budgets(tmp_path, capsys) -> None:
+    cfg = tmp_path / "c.yaml"
+    # No state pool at all: nothing can hit unless --size pools KV and states together.
+    cfg.write_text("eviction: marconi\nalpha: 0.5\npools:\n  host:\n    kv: 2GiB\n    state: 0\n")
+    rc, rows = _simulate(tmp_path, "--config", str(cfg))
+    out = capsys.readouterr().out
+    assert rc == 0 and rows[0]["budget_bytes"] == 2 * 2**30
+    assert rows[0]["stored_objects"]["state"] == 0 and rows[0]["hit_tokens"] == 0
+    assert "config" in out and "--size" not in out
+    rc, rows = _simulate(tmp_path, "--config", str(cfg), "--size", "2GiB")
+    out = capsys.readouterr().out
+    assert rc == 0 and rows[0]["budget_bytes"] == 2 * 2**30
+    assert rows[0]["stored_objects"]["state"] > 0 and rows[0]["hit_tokens"] > 0
+    assert "--size 2GiB overrides" in out
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("local_cpu: false\n")
+    assert _simulate(tmp_path, "--config", str(empty))[0] == 2
+    assert "--size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["cpu-demo.yaml", "vllm.yaml"])
+def test_simulate_runs_the_example_configs(tmp_path, name) -> None:
+    from pathlib import Path
+
+    from hybrid_connector.config import load_config
+
+    path = Path(__file__).resolve().parents[2] / "configs" / name
+    rc, rows = _simulate(tmp_path, "--config", str(path), "--size", "1GiB")
+    assert rc == 0 and rows[0]["policy"] == "configured"
+    # The configured spec re-validates the file's keys to the same values (GB keys too).
+    cfg = load_config(path, environ={})
+    assert load_config(None, cfg.explicit(), environ={}) == cfg
+
+
+# ---------------------------------------------------------------- issue 9, item 22
+def test_simulator_paths_close_every_cache_they_build(geo, sim_config, monkeypatch) -> None:
+    from hybrid_connector.cache import HybridCache
+    from hybrid_connector.policies.accounting import CorrectedAccounting
+    from hybrid_connector.policies.admission import MarconiAdmission
+    from hybrid_connector.policies.tuner import TunerRequest
+    from hybrid_connector.sim.replay import CacheReplayer
+
+    built, closed = [], []
+    init, close = HybridCache.__init__, HybridCache.close
+
+    def counting_init(self, *a, **k):
+        built.append(self)
+        init(self, *a, **k)
+
+    def counting_close(self):
+        closed.append(self)
+        close(self)
+
+    monkeypatch.setattr(HybridCache, "__init__", counting_init)
+    monkeypatch.setattr(HybridCache, "close", counting_close)
+    recs = multi_turn_chat(2, 2, 0, as_arrays=True)
+    spec = next(s for s in baseline_specs(geo, grid=(0.0, 1.0)) if s.name == "oracle")
+    run_spec(recs, spec, geo, int(2e9))  # one cache per grid point
+    window = [TunerRequest(np.concatenate([r["input_tokens"], r["output_tokens"]]),
+                           len(r["input_tokens"])) for r in recs]
+    CacheReplayer(sim_config, geo, Budget.pooled(int(2e9)), MarconiAdmission,
+                  CorrectedAccounting)(window, 0.5, 0)
+    assert len(built) == 3 and {id(c) for c in closed} == {id(c) for c in built}
+    with Simulator(sim_config, geo, Budget.pooled(int(2e9))) as sim:
+        sim.step(window[0].tokens, np.array([5]))
+    assert closed[-1] is sim.cache

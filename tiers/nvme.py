@@ -138,10 +138,9 @@ class NvmeTier(IndexedTier):
     def _scan(self, p: Path, verify: bool) -> Entry:
         fd = os.open(p, os.O_RDONLY)
         try:
-            h, hend = self._read_header(fd)
-            size = os.fstat(fd).st_size
-            if size != hend + h.stored:
-                raise codec.CorruptObject(f"size {size} != {hend + h.stored}")
+            h, hend, head = self._read_head(fd)
+            self._check_size(fd, h, hend)
+            codec.check_frame(h, head[hend:])  # the body's first bytes are in ``head``
             key = ObjectKey.from_str(h.key)
             if key.digest() != p.name or key.kind.value != h.kind:
                 raise codec.CorruptObject("file name or kind does not match its key")
@@ -158,7 +157,14 @@ class NvmeTier(IndexedTier):
 
     @staticmethod
     def _read_header(fd: int) -> tuple[codec.Header, int]:
-        # One read covers prefix and header in the common case (headers are ~300 bytes).
+        """(validated header, offset of the body); CorruptObject if malformed."""
+        h, hend, _ = NvmeTier._read_head(fd)
+        return h, hend
+
+    @staticmethod
+    def _read_head(fd: int) -> tuple[codec.Header, int, bytes]:
+        # One read covers prefix and header in the common case (headers are ~300 bytes);
+        # the bytes read are returned too (they usually hold the body's first bytes).
         head = os.pread(fd, _HEAD_READ, 0)
         hlen, hcrc = codec.decode_prefix(head)
         hend = codec.PREFIX.size + hlen
@@ -166,7 +172,15 @@ class NvmeTier(IndexedTier):
             rest = bytearray(hend - len(head))
             _read_exact(fd, memoryview(rest), len(head))
             head += rest
-        return codec.decode_header(head[codec.PREFIX.size : hend], hcrc), hend
+        return codec.decode_header(head[codec.PREFIX.size : hend], hcrc), hend, head
+
+    @staticmethod
+    def _check_size(fd: int, h: codec.Header, hend: int) -> None:
+        """The file must be exactly header + ``stored`` bytes: every size the header claims
+        is then bounded by the file before anything is allocated from it."""
+        size = os.fstat(fd).st_size
+        if size != hend + h.stored:
+            raise codec.CorruptObject(f"size {size} != {hend + h.stored}")
 
     # ------------------------------------------------------------------ storage
     def _file(self, key: ObjectKey) -> Path:
@@ -231,6 +245,7 @@ class NvmeTier(IndexedTier):
             h, hend = self._read_header(fd)
             if h.shape != entry.shape or h.torch_dtype != entry.dtype or h.key != entry.key.to_str():
                 raise codec.CorruptObject("header does not match the index")
+            self._check_size(fd, h, hend)  # the file may have changed since the scan
             if h.codec == "raw" and out.device.type == "cpu":
                 # Straight into the caller's buffer, hashing each chunk while it is still
                 # in cache (one pass over memory instead of two).
@@ -246,8 +261,6 @@ class NvmeTier(IndexedTier):
                     off += n
                 if hasher is not None and hasher.tag() != h.checksum:
                     raise codec.CorruptObject("payload checksum mismatch")
-                if not self.verify_reads and os.pread(fd, 1, hend + off):
-                    raise codec.CorruptObject("file longer than its header says")
             else:
                 body = bytearray(h.stored)
                 _read_exact(fd, memoryview(body), hend)

@@ -1,0 +1,116 @@
+"""NVMe tier against a hostile or broken directory: FIFOs and symlinks under object names,
+crafted (CRC-valid) headers, and removals the filesystem refuses (a real read-only
+mount, a real immutable file). Hangs are caught by running the call in a thread that must
+finish, so a regression fails instead of blocking the suite."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile_peers import crafted_blob, zstd_frame_claiming
+from tier_helpers import make_key, make_payload
+
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers import codec
+from tiers.manager import TierManager
+from tiers.nvme import NvmeTier
+
+K = ObjectKind
+BIG = {k: 1 << 30 for k in K}
+HUGE = {k: 1 << 42 for k in K}  # so that only validation, not the budget, can refuse
+
+
+def finishes(fn: Callable[[], Any], unblock: Callable[[], None], timeout: float = 5) -> Any:
+    """``fn()``'s result; fails the test (after ``unblock`` frees the stuck thread) if it
+    does not return within ``timeout``."""
+    out: list[Any] = []
+    err: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
+            err.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        unblock()
+        pytest.fail("hung on a non-regular file")
+    if err:
+        raise err[0]
+    return out[0]
+
+
+def release_fifo(path: Path) -> Callable[[], None]:
+    def go() -> None:
+        with contextlib.suppress(OSError):  # a writer lets a blocked open() of it return
+            os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    return go
+
+
+# ------------------------------------------------------------------ item 17: crafted headers
+def _header(k: ObjectKey, **over: object) -> dict[str, object]:
+    h: dict[str, object] = {"key": k.to_str(), "kind": k.kind.value, "shape": [64],
+                            "dtype": "float32", "nbytes": 256, "stored": 256, "codec": "raw",
+                            "checksum": codec.checksum(bytes(256))}
+    h.update(over)
+    return h
+
+
+def _crafted_file(k: ObjectKey, damage: str) -> bytes:
+    if damage == "nbytes_1e400":
+        raw = codec.checksum(bytes(256)).encode()
+        head = (b'{"key":"%s","kind":"kv","shape":[64],"dtype":"float32","nbytes":1e400,'
+                b'"stored":256,"codec":"raw","checksum":"%s"}' % (k.to_str().encode(), raw))
+        return crafted_blob(head, bytes(256))
+    if damage == "nested_60k":
+        return crafted_blob(b'{"key":' + b"[" * 60000, bytes(256))
+    if damage == "negative_dims":
+        return crafted_blob(_header(k, shape=[-8, -8]), bytes(256))
+    if damage == "bool_and_float_dims":
+        return crafted_blob(_header(k, shape=[True, 64.0], nbytes=256), bytes(256))
+    if damage == "zstd_shape_of_1e12_bytes":
+        frame = zstd_frame_claiming(10**12)
+        return crafted_blob(_header(k, shape=[250_000_000_000], nbytes=10**12, codec="zstd",
+                                    stored=len(frame)), frame)
+    raise AssertionError(damage)
+
+
+@pytest.mark.parametrize("damage", ["nbytes_1e400", "nested_60k", "negative_dims",
+                                    "bool_and_float_dims", "zstd_shape_of_1e12_bytes"])
+def test_crafted_header_is_dropped_at_start(tmp_path: Path, damage: str) -> None:
+    d = tmp_path / "nvme"
+    tier = NvmeTier(d, HUGE)
+    good, gv = make_key(1), make_payload(1)
+    assert tier.put([(good, gv)]) == [True]
+    bad = make_key(2)
+    (d / bad.digest()).write_bytes(_crafted_file(bad, damage))
+    t2 = NvmeTier(d, HUGE)  # starts (build_store must not fail on one bad file)
+    assert t2.held_keys() == [good]
+    assert bad.digest() in t2.dropped_at_start
+    assert t2.get([bad]) == [None]
+    assert sorted(p.name for p in d.iterdir()) == [good.digest()]
+
+
+@pytest.mark.parametrize("damage", ["stored_1e13", "frame_claims_1TB"])
+def test_zstd_file_rewritten_with_absurd_sizes_is_a_miss(tmp_path: Path, damage: str) -> None:
+    """The file under an indexed object is replaced by one whose (CRC-valid) header or
+    zstd frame claims terabytes: the read is a miss, nothing that size is allocated."""
+    d = tmp_path / "nvme"
+    tier = NvmeTier(d, BIG, zstd={K.KV: 3})
+    k, v = make_key(1), make_payload(1, (64,))
+    assert tier.put([(k, v)]) == [True]
+    frame = zstd_frame_claiming(10**12)
+    stored = 10**13 if damage == "stored_1e13" else len(frame)
+    (d / k.digest()).write_bytes(crafted_blob(_header(k, codec="zstd", stored=stored), frame))
+    m = TierManager([tier])
+    assert m.get([k]) == [None]
+    assert m.where([k]) == [None]

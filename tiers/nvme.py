@@ -8,7 +8,9 @@ hits. Every file carries a ``tiers.codec`` header (key, kind, shape, dtype, leng
 checksum); reads verify the key, sizes and checksum, and a file that fails is deleted and
 reported as a miss. At start the index is rebuilt from the directory: temporary files are
 deleted, files with a bad or inconsistent header (or a wrong name) are dropped, and if
-the budget shrank the oldest files go first.
+the budget shrank the oldest files go first. Only regular files are ever read: a symlink,
+FIFO, device or directory under an object name is refused without a blocking open (so it
+cannot hang start-up or a read) and dropped like a corrupt file.
 
 ``verify_reads=False`` skips the payload checksum on raw reads (header, key, dtype, shape
 and exact length are still checked, and atomic renames already rule out torn files); it
@@ -30,6 +32,7 @@ import itertools
 import logging
 import os
 import re
+import stat
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,6 +62,23 @@ def _write_all(fd: int, *parts: codec.Buf) -> None:
             views.pop(0)
         if views and n:
             views[0] = views[0][n:]
+
+
+def _open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """(fd, fstat) of ``path`` opened for reading, refusing anything but a regular file
+    without ever blocking: O_NOFOLLOW refuses a symlink (ELOOP), O_NONBLOCK lets the open
+    of a FIFO return at once instead of waiting for a writer, and fstat then refuses a
+    FIFO, device or directory (CorruptObject). The fd is blocking again on return."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise codec.CorruptObject(f"not a regular file (mode {st.st_mode:o})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 def _read_exact(fd: int, buf: memoryview, offset: int) -> None:
@@ -111,8 +131,7 @@ class NvmeTier(IndexedTier):
             if not _NAME_RE.match(name):
                 continue  # not ours; leave it alone
             try:
-                entry = self._scan(p, verify)
-                found.append((p.stat().st_mtime, entry))
+                found.append(self._scan(p, verify))
             except (OSError, codec.CorruptObject) as exc:
                 self.dropped_at_start.append(name)
                 log.warning("nvme tier %s: dropping %s at start: %s", self.name, name, exc)
@@ -135,8 +154,10 @@ class NvmeTier(IndexedTier):
             log.warning("nvme tier %s: dropped %d files at start", self.name,
                         len(self.dropped_at_start))
 
-    def _scan(self, p: Path, verify: bool) -> Entry:
-        fd = os.open(p, os.O_RDONLY)
+    def _scan(self, p: Path, verify: bool) -> tuple[float, Entry]:
+        """(mtime, entry) of the object file ``p``; OSError or CorruptObject if it is not
+        a regular file holding a valid object under its own name."""
+        fd, st = _open_regular(p)
         try:
             h, hend, head = self._read_head(fd)
             self._check_size(fd, h, hend)
@@ -153,7 +174,7 @@ class NvmeTier(IndexedTier):
             raise codec.CorruptObject(str(exc)) from exc
         finally:
             os.close(fd)
-        return Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p))
+        return st.st_mtime, Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p))
 
     @staticmethod
     def _read_header(fd: int) -> tuple[codec.Header, int]:
@@ -237,8 +258,8 @@ class NvmeTier(IndexedTier):
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
         try:
-            fd = os.open(str(entry.handle), os.O_RDONLY)
-        except OSError as exc:
+            fd, _ = _open_regular(str(entry.handle))
+        except (OSError, codec.CorruptObject) as exc:
             self._warn.warn("read", "nvme tier %s: cannot open %s: %s", self.name, entry.handle, exc)
             return False
         try:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from hostile_peers import crafted_blob, zstd_frame_claiming
-from tier_helpers import make_key, make_payload
+from tier_helpers import make_key, make_payload, same_bits
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers import codec
@@ -54,6 +54,54 @@ def release_fifo(path: Path) -> Callable[[], None]:
         with contextlib.suppress(OSError):  # a writer lets a blocked open() of it return
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
     return go
+
+
+# ------------------------------------------------------------------ item 16: non-regular files
+@pytest.mark.parametrize("kind", ["fifo", "symlink_to_fifo", "symlink_to_object"])
+def test_non_regular_file_named_like_an_object_is_dropped_at_start(tmp_path: Path, kind: str) -> None:
+    d = tmp_path / "nvme"
+    tier = NvmeTier(d, BIG)
+    good, gv = make_key(1), make_payload(1)
+    other, ov = make_key(2), make_payload(2)
+    assert tier.put([(good, gv), (other, ov)]) == [True, True]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    fifo = elsewhere / "fifo"
+    os.mkfifo(fifo)
+    victim = d / other.digest()
+    if kind == "fifo":
+        victim.unlink()
+        os.mkfifo(victim)
+        fifo = victim
+    elif kind == "symlink_to_fifo":
+        victim.unlink()
+        victim.symlink_to(fifo)
+    else:  # a valid object file, but reached through a symlink: regular files only
+        target = elsewhere / other.digest()
+        victim.rename(target)
+        victim.symlink_to(target)
+    t2 = finishes(lambda: NvmeTier(d, BIG), release_fifo(fifo))
+    assert t2.held_keys() == [good]
+    assert not os.path.lexists(victim)  # the squatter is gone ...
+    assert sorted(p.name for p in elsewhere.iterdir()) != []  # ... what it pointed to is not
+    assert same_bits(t2.get([good])[0], gv)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_fifo_swapped_in_under_an_indexed_object_is_a_miss(tmp_path: Path, kind: str) -> None:
+    d = tmp_path / "nvme"
+    tier = NvmeTier(d, BIG)
+    k, v = make_key(1), make_payload(1)
+    assert tier.put([(k, v)]) == [True]
+    f = d / k.digest()
+    f.unlink()
+    fifo = f if kind == "fifo" else tmp_path / "fifo"
+    os.mkfifo(fifo)
+    if kind == "symlink":
+        f.symlink_to(fifo)
+    m = TierManager([tier])
+    assert finishes(lambda: m.get([k]), release_fifo(fifo)) == [None]
+    assert m.where([k]) == [None]  # unreadable: forgotten
 
 
 # ------------------------------------------------------------------ item 17: crafted headers

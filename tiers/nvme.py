@@ -10,7 +10,10 @@ reported as a miss. At start the index is rebuilt from the directory: temporary 
 deleted, files with a bad or inconsistent header (or a wrong name) are dropped, and if
 the budget shrank the oldest files go first. Only regular files are ever read: a symlink,
 FIFO, device or directory under an object name is refused without a blocking open (so it
-cannot hang start-up or a read) and dropped like a corrupt file.
+cannot hang start-up or a read) and dropped like a corrupt file. ``remove`` deletes the
+file at once; where the filesystem refuses, see ``NvmeTier.remove`` (a tombstone keeps
+the object from coming back after a restart, or, on a read-only filesystem, the object
+stays and ``remove`` says False).
 
 ``verify_reads=False`` skips the payload checksum on raw reads (header, key, dtype, shape
 and exact length are still checked, and atomic renames already rule out torn files); it
@@ -32,62 +35,27 @@ import itertools
 import logging
 import os
 import re
-import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers import codec
+from tiers.fileio import open_regular as _open_regular
+from tiers.fileio import read_exact as _read_exact
+from tiers.fileio import read_tombstone, write_tombstone
+from tiers.fileio import write_all as _write_all  # tiers.nixl imports it from here
 from tiers.logonce import LogOnce
 from tiers.tier import Entry, IndexedTier, byte_view
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[0-9a-f]{40}$")
 _TMP_SUFFIX = ".tmp"
+_TOMB_RE = re.compile(r"^\.([0-9a-f]{40})\.tomb$")  # ".<digest>.tomb"
 _HEAD_READ = 4096  # first read of a file: prefix + header
 _CHUNK = 1 << 18  # read/hash granularity: stays in L2 between the read and the hash
-
-
-def _write_all(fd: int, *parts: codec.Buf) -> None:
-    """Write every part, in order, with as few syscalls as the kernel allows (writev)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    views = [v for v in views if len(v)]
-    while views:
-        n = os.writev(fd, views)
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
-
-
-def _open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
-    """(fd, fstat) of ``path`` opened for reading, refusing anything but a regular file
-    without ever blocking: O_NOFOLLOW refuses a symlink (ELOOP), O_NONBLOCK lets the open
-    of a FIFO return at once instead of waiting for a writer, and fstat then refuses a
-    FIFO, device or directory (CorruptObject). The fd is blocking again on return."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise codec.CorruptObject(f"not a regular file (mode {st.st_mode:o})")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
-def _read_exact(fd: int, buf: memoryview, offset: int) -> None:
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], offset + got)
-        if n <= 0:
-            raise codec.CorruptObject("file shorter than its header says")
-        got += n
 
 
 class NvmeTier(IndexedTier):
@@ -118,18 +86,26 @@ class NvmeTier(IndexedTier):
         self._warn = LogOnce(log)
         self._seq = itertools.count()
         self.dropped_at_start: list[str] = []
+        # Keys whose file could be neither deleted nor tombstoned (read-only filesystem):
+        # still held, but never offered by ``lru`` (nobody could move them).
+        self._stuck: set[ObjectKey] = set()
         self._rebuild(verify_on_start)
 
     # ------------------------------------------------------------------ start
     def _rebuild(self, verify: bool) -> None:
         found: list[tuple[float, Entry]] = []
-        for p in self.path.iterdir():
+        paths = list(self.path.iterdir())
+        tombs = {m.group(1): p for p in paths if (m := _TOMB_RE.match(p.name))}
+        for p in paths:
             name = p.name
             if name.startswith(".") and name.endswith(_TMP_SUFFIX):
                 self._unlink(p)  # a write that never reached its rename
                 continue
             if not _NAME_RE.match(name):
-                continue  # not ours; leave it alone
+                continue  # not ours (tombstones included); leave it alone
+            tomb = tombs.pop(name, None)
+            if tomb is not None and self._buried(p, tomb):
+                continue  # removed by a caller: never indexed again
             try:
                 found.append(self._scan(p, verify))
             except (OSError, codec.CorruptObject) as exc:
@@ -150,6 +126,8 @@ class NvmeTier(IndexedTier):
             kept.append(e)
         for e in reversed(kept):
             self._lru[e.key.kind][e.key] = e
+        for tomb in tombs.values():  # their files are gone
+            self._unlink(tomb)
         if self.dropped_at_start:
             log.warning("nvme tier %s: dropped %d files at start", self.name,
                         len(self.dropped_at_start))
@@ -207,7 +185,8 @@ class NvmeTier(IndexedTier):
     def _file(self, key: ObjectKey) -> Path:
         return self.path / key.digest()
 
-    def _unlink(self, p: Path) -> None:
+    def _unlink(self, p: Path) -> bool:
+        """Delete ``p``; False (logged once) when the filesystem refuses."""
         try:
             if p.is_dir() and not p.is_symlink():
                 p.rmdir()  # an (empty) directory squatting on an object name
@@ -217,6 +196,82 @@ class NvmeTier(IndexedTier):
             pass
         except OSError as exc:
             self._warn.warn("unlink", "nvme tier %s: cannot delete %s: %s", self.name, p, exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ removal
+    def remove(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """``Tier.remove``, honest about the filesystem: an unpinned object's file is
+        deleted now. If the filesystem refuses (an immutable file, EPERM, EIO), a
+        tombstone ``.<digest>.tomb`` recording the file's identity makes the removal
+        durable instead: the object is gone now and is never indexed again, and the next
+        start deletes file and tombstone once it can. If not even the tombstone can be
+        written (a read-only filesystem), the object stays: still held, readable and
+        counted, no longer offered by ``lru``, and the answer for it is False. A pinned
+        object is released at its last unpin the same way (file, else tombstone); on a
+        read-only filesystem its removal is refused up front."""
+        out = []
+        with self._lock:
+            for k in keys:
+                e = self._entry(k)
+                if e is not None and e.pins == 0 and not self._inflight.get(k):
+                    if not self._retire(k):
+                        self._stuck.add(k)
+                        out.append(False)
+                        continue
+                    e.handle = None  # its file is gone or tombstoned: nothing to release
+                elif e is not None and self._read_only():
+                    self._stuck.add(k)
+                    out.append(False)
+                    continue
+                self._stuck.discard(k)
+                out.extend(super().remove([k]))
+        return out
+
+    def lru(self, kind: ObjectKind) -> Iterator[ObjectKey]:
+        with self._lock:
+            return iter([k for k in super().lru(kind) if k not in self._stuck])
+
+    def _read_only(self) -> bool:
+        try:
+            return bool(os.statvfs(self.path).f_flag & os.ST_RDONLY)
+        except OSError:
+            return True
+
+    def _retire(self, key: ObjectKey) -> bool:
+        """Delete ``key``'s file or, when the filesystem refuses, tombstone it; False when
+        neither worked (the file stays and would come back at a restart)."""
+        p = self._file(key)
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if self._unlink(p):
+            return True
+        tmp = self.path / f".{key.digest()}.{os.getpid()}.{next(self._seq)}{_TMP_SUFFIX}"
+        try:
+            write_tombstone(self.path / f".{key.digest()}.tomb", tmp, st, self.fsync)
+            return True
+        except OSError as exc:
+            self._warn.warn("tomb", "nvme tier %s: cannot tombstone undeletable %s: %s",
+                            self.name, p, exc)
+            self._unlink(tmp)
+            return False
+
+    def _buried(self, p: Path, tomb: Path) -> bool:
+        """At start: whether the object file ``p`` is the one ``tomb`` recorded as removed
+        (then both are deleted if the filesystem now allows). A tombstone of an older file
+        (the key was stored again since) is deleted and the file is scanned as usual."""
+        try:
+            st = os.lstat(p)
+            same = (st.st_ino, st.st_size, st.st_mtime_ns) == read_tombstone(tomb)
+        except (OSError, ValueError):
+            same = False
+        if not same or self._unlink(p):
+            self._unlink(tomb)  # keep it only while its file is still there
+        return same
 
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
         final = self._file(key)
@@ -231,6 +286,8 @@ class NvmeTier(IndexedTier):
             os.close(fd)
             fd = -1
             os.rename(tmp, final)
+            with self._lock:
+                self._stuck.discard(key)  # a new file: deletable again, as far as we know
             return str(final)
         except OSError as exc:
             reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "write"
@@ -296,6 +353,6 @@ class NvmeTier(IndexedTier):
 
     def _release(self, entry: Entry) -> None:
         # The file is named by key only: never delete it under a newer object or a put
-        # of the same key that is about to register.
-        if not self._key_busy(entry.key):
-            self._unlink(self._file(entry.key))
+        # of the same key that is about to register. No handle: ``remove`` retired it.
+        if entry.handle is not None and not self._key_busy(entry.key):
+            self._retire(entry.key)

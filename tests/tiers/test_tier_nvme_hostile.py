@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hostile_peers import crafted_blob, zstd_frame_claiming
 from tier_helpers import make_key, make_payload, same_bits
 
@@ -162,3 +165,78 @@ def test_zstd_file_rewritten_with_absurd_sizes_is_a_miss(tmp_path: Path, damage:
     m = TierManager([tier])
     assert m.get([k]) == [None]
     assert m.where([k]) == [None]
+
+
+# ------------------------------------------------------------------ item 19: refused removals
+@pytest.fixture
+def ro_capable_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real tmpfs that the test can remount read-only (needs mount privileges)."""
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount binary")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _remount(mnt: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(mnt)], check=True)
+
+
+@pytest.mark.timeout(30)
+def test_remove_on_a_read_only_filesystem_reports_failure(ro_capable_tmpfs: Path) -> None:
+    d = ro_capable_tmpfs / "nvme"
+    two = {K.KV: 2 * 128}  # room for exactly the two objects below
+    tier = NvmeTier(d, two)
+    k1, v1 = make_key(1), make_payload(1)
+    k2, v2 = make_key(2), make_payload(2)
+    assert tier.put([(k1, v1), (k2, v2)]) == [True, True]
+    _remount(ro_capable_tmpfs, "ro")
+    try:
+        assert tier.remove([k1]) == [False]  # honest: the file is still there
+        assert tier.contains([k1]) == [True] and same_bits(tier.get([k1])[0], v1)
+        assert list(tier.lru(K.KV)) == [k2]  # never offered as a victim again ...
+        m = TierManager([tier])
+        more = [(make_key(i), make_payload(i)) for i in range(3, 6)]
+        assert m.put(more) == [False] * 3  # ... so making room on a read-only tier ends
+        t2 = NvmeTier(d, two)  # a restart still finds what was never claimed gone
+        assert set(t2.held_keys()) == {k1, k2}
+    finally:
+        _remount(ro_capable_tmpfs, "rw")
+    assert tier.remove([k1]) == [True]
+    assert NvmeTier(d, BIG).held_keys() == [k2]
+
+
+def test_removed_but_undeletable_file_does_not_come_back(tmp_path: Path) -> None:
+    """An immutable file (chattr +i: even root cannot unlink it) is removed through a
+    tombstone: gone now, still gone after a restart, and cleaned up once deletable."""
+    d = tmp_path / "nvme"
+    tier = NvmeTier(d, BIG)
+    k1, v1 = make_key(1), make_payload(1)
+    k2, v2 = make_key(2), make_payload(2)
+    assert tier.put([(k1, v1), (k2, v2)]) == [True, True]
+    f = d / k1.digest()
+    if shutil.which("chattr") is None or subprocess.run(
+            ["chattr", "+i", str(f)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here")
+    try:
+        assert tier.remove([k1]) == [True]
+        assert f.exists()  # the filesystem refused ...
+        assert tier.get([k1]) == [None] and tier.held_keys() == [k2]
+        t2 = NvmeTier(d, BIG)  # ... yet a restart does not resurrect it
+        assert t2.held_keys() == [k2]
+        assert t2.put([(k1, torch.ones(3))]) == [False]  # cannot replace an immutable file
+        assert NvmeTier(d, BIG).held_keys() == [k2]
+    finally:
+        subprocess.run(["chattr", "-i", str(f)], check=False)
+    t3 = NvmeTier(d, BIG)
+    assert t3.held_keys() == [k2]
+    assert sorted(p.name for p in d.iterdir()) == [k2.digest()]  # file and tombstone gone
+    assert t3.put([(k1, v1)]) == [True]
+    assert same_bits(NvmeTier(d, BIG).get([k1])[0], v1)

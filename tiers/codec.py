@@ -228,6 +228,14 @@ def check_frame(h: Header, body_head: Buf) -> None:
         raise CorruptObject(f"zstd frame declares {size} bytes, header {h.nbytes}")
 
 
+def max_blob_len(nbytes: int) -> int:
+    """An upper bound on the size of any blob ``encode_blob`` makes of ``nbytes`` payload
+    bytes (prefix, the largest header, and zstd's worst-case expansion), so a reader can
+    refuse a longer one before allocating it."""
+    zstd_bound = nbytes + (nbytes >> 8) + (((128 << 10) - nbytes) >> 11 if nbytes < 128 << 10 else 0)
+    return PREFIX.size + MAX_HEADER + zstd_bound + 64  # + frame header and checksum
+
+
 def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tuple[bytes, Buf]:
     """(prefix+header, body) of ``t``; the body is a view of the tensor when uncompressed."""
     raw = raw_bytes(t).data

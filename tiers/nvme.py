@@ -276,9 +276,13 @@ class NvmeTier(IndexedTier):
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
         final = self._file(key)
         tmp = self.path / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}{_TMP_SUFFIX}"
-        fd = -1
         try:
             head, body = codec.encode(key, payload, self.zstd.get(key.kind))
+        except Exception as exc:  # e.g. MemoryError compressing: a failed put, not a crash
+            self._warn.warn("encode", "nvme tier %s: cannot encode: %s", self.name, exc)
+            return None
+        fd = -1
+        try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             _write_all(fd, head, body)
             if self.fsync:

@@ -72,18 +72,19 @@ class DeadlineSocket:
         else:
             self.sock.settimeout(rem if self._timeout is None else min(rem, self._timeout))
 
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+    # Arguments pass through unchanged: ssl.SSLSocket's defaults differ from socket's.
+    def recv(self, *args: Any) -> bytes:
         self._arm()
-        return self.sock.recv(bufsize, flags)
+        return self.sock.recv(*args)
 
-    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+    def recv_into(self, *args: Any) -> int:
         self._arm()
-        return self.sock.recv_into(buffer, nbytes, flags)
+        return self.sock.recv_into(*args)
 
-    def send(self, data: Any, flags: int = 0) -> int:
+    def send(self, *args: Any) -> int:
         self._arm()
-        return self.sock.send(data, flags)
+        return self.sock.send(*args)
 
-    def sendall(self, data: Any, flags: int = 0) -> None:
+    def sendall(self, *args: Any) -> None:
         self._arm()  # sendall's timeout covers the whole call (Python >= 3.5)
-        self.sock.sendall(data, flags)
+        self.sock.sendall(*args)

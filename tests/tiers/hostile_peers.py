@@ -5,7 +5,8 @@
   server's replies on that connection are forwarded one byte per ``interval`` seconds and
   counted, so a test can tell how much of a reply the client waited for.
 * ``FakeRedis``: a tiny RESP2 server (SET, GET, GETRANGE, EXISTS, DEL, PING, SELECT,
-  CLIENT) that answers the commands named in ``overrides`` with canned replies.
+  CLIENT) that answers the commands named in ``overrides`` with canned replies, over
+  TLS when given a server context.
 * ``FakeLm``: an ``lmcache_server`` look-alike that stores PUTs and answers EXIST, and
   answers every GET with a header announcing ``get_length`` bytes that never come.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -43,8 +45,9 @@ def zstd_frame_claiming(content_size: int, payload: bytes = b"abcd") -> bytes:
 class _Server:
     """Accept loop on a free port; ``handle(conn)`` runs in a thread per connection."""
 
-    def __init__(self, handle: Callable[[socket.socket], None]) -> None:
-        self._handle = handle
+    def __init__(self, handle: Callable[[socket.socket], None],
+                 tls: ssl.SSLContext | None = None) -> None:
+        self._handle, self._tls = handle, tls
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
         self.srv.listen(64)
@@ -67,6 +70,8 @@ class _Server:
 
     def _run(self, c: socket.socket) -> None:
         try:
+            if self._tls is not None:
+                c = self._tls.wrap_socket(c, server_side=True)
             self._handle(c)
         except OSError:
             pass
@@ -142,13 +147,16 @@ class FakeRedis(_Server):
     """RESP2 only; ``overrides`` maps a command (upper case) to its canned reply. A
     command neither known nor overridden gets an error reply."""
 
-    def __init__(self, overrides: dict[bytes, bytes]) -> None:
+    def __init__(self, overrides: dict[bytes, bytes], tls: ssl.SSLContext | None = None) -> None:
         self.overrides = overrides
         self.data: dict[bytes, bytes] = {}
         self.commands: list[bytes] = []
-        super().__init__(self._serve)
+        super().__init__(self._serve, tls)
 
     def url(self) -> str:
+        if self._tls is not None:  # a self-signed test certificate
+            return (f"rediss://127.0.0.1:{self.port}/0"
+                    "?ssl_cert_reqs=none&ssl_check_hostname=false")
         return f"redis://127.0.0.1:{self.port}/0"
 
     @staticmethod

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,6 +83,30 @@ def test_slow_reply_ends_at_the_call_deadline_and_blocks_no_other_call(
     assert proxy.trickled < blob_len  # it gave up before the reply was complete
     assert tier.contains([slow_k]) == [True]  # unreachable for now is not lost
     tier.close()
+
+
+def test_rediss_runs_through_deadline_sockets(tmp_path: Path) -> None:
+    """rediss://: the deadline wrapper sits on top of the TLS socket and passes its calls
+    through unchanged (a real TLS handshake with a self-signed certificate)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl binary to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
+                    "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    fake = FakeRedis({}, tls=ctx)
+    try:
+        tier = RemoteTier(fake.url(), BIG, timeout=5)
+        k, v = make_key(6, fp="tls"), make_payload(6, (4096,))  # several TLS records
+        assert tier.put([(k, v)]) == [True]
+        assert same_bits(tier.get([k])[0], v)
+        assert tier.healthy() and tier.failures == 0
+        tier.close()
+    finally:
+        fake.close()
 
 
 # ------------------------------------------------------------------ item 15: hostile data

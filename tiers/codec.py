@@ -39,7 +39,7 @@ MAX_DIMS = 64
 # The most a zstd frame can inflate: a 4-byte RLE block yields one 128 KiB block, and the
 # frame header only adds bytes, so nbytes <= stored * 32768 for any valid frame.
 ZSTD_MAX_RATIO = 1 << 15
-_ZSTD_FRAME_HEADER_MAX = 18
+ZSTD_FRAME_HEADER_MAX = 18  # magic, descriptor, window, dictionary id, content size
 _DTYPE_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
 _CHECKSUM_RE = re.compile(r"(xxh3|blake3):[0-9a-f]{32}")
 _QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
@@ -213,15 +213,16 @@ def decode_header(hbytes: bytes, hcrc: int) -> Header:
 
 
 def check_frame(h: Header, body_head: Buf) -> None:
-    """For a zstd body, check that its frame header (the first bytes of the body suffice)
-    declares exactly ``h.nbytes``: the decompressor allocates what the frame declares, so
-    this must hold before decompressing. CorruptObject otherwise; no-op for raw."""
+    """For a zstd body, check that its frame header (the first ``ZSTD_FRAME_HEADER_MAX``
+    bytes of the body suffice) declares exactly ``h.nbytes``: the decompressor allocates
+    what the frame declares, so this must hold before decompressing (``encode`` always
+    writes the content size). CorruptObject otherwise; no-op for raw."""
     if h.codec != "zstd":
         return
     import zstandard
 
     try:
-        size = zstandard.frame_content_size(bytes(memoryview(body_head)[:_ZSTD_FRAME_HEADER_MAX]))
+        size = zstandard.frame_content_size(bytes(memoryview(body_head)[:ZSTD_FRAME_HEADER_MAX]))
     except zstandard.ZstdError as exc:
         raise CorruptObject(f"zstd frame header: {exc}") from None
     if size != h.nbytes:

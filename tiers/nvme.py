@@ -139,7 +139,10 @@ class NvmeTier(IndexedTier):
         try:
             h, hend, head = self._read_head(fd)
             self._check_size(fd, h, hend)
-            codec.check_frame(h, head[hend:])  # the body's first bytes are in ``head``
+            body_head = head[hend : hend + codec.ZSTD_FRAME_HEADER_MAX]
+            if len(body_head) < min(codec.ZSTD_FRAME_HEADER_MAX, h.stored):  # a long header
+                body_head = os.pread(fd, codec.ZSTD_FRAME_HEADER_MAX, hend)
+            codec.check_frame(h, body_head)
             key = ObjectKey.from_str(h.key)
             if key.digest() != p.name or key.kind.value != h.kind:
                 raise codec.CorruptObject("file name or kind does not match its key")

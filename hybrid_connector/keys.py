@@ -8,7 +8,10 @@ blocks are chained, a trailing partial block is hashed onto the last full-block 
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -18,6 +21,11 @@ import numpy as np
 
 HASH_BYTES = 16
 ROOT_HASH = bytes(HASH_BYTES)  # hash of the empty prefix
+MAX_FINGERPRINT = 256  # characters; model_fingerprint gives 32
+MAX_PREFIX_BYTES = 64  # our hashes are 16 bytes; engines' own block hashes up to 64
+MAX_POSITION = (1 << 63) - 1  # token positions stay int64
+# Printable ASCII without space and without '@' (the field separator of ``to_str``).
+_FINGERPRINT_RE = re.compile(r"[!-?A-~]+")
 
 
 class ObjectKind(StrEnum):
@@ -101,6 +109,11 @@ def model_fingerprint(fields: Mapping[str, object]) -> str:
     return blake3.blake3(blob).hexdigest(length=16)
 
 
+@functools.lru_cache(maxsize=64)  # a process sees a handful of fingerprints
+def _fingerprint_ok(fp: str) -> bool:
+    return 0 < len(fp) <= MAX_FINGERPRINT and _FINGERPRINT_RE.fullmatch(fp) is not None
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectKey:
     """Identity of one stored object: ``(model fingerprint, prefix hash, kind)``.
@@ -109,6 +122,14 @@ class ObjectKey:
     checkpoint position for a state, page end for anchors); ``start`` is where a KV chunk
     or anchor page begins (equal to ``end`` for a state). Both are part of the key so a
     partial tail chunk never aliases a full chunk.
+
+    Every field is checked when the key is made, so any key that exists round-trips
+    through ``to_str``/``from_str`` (file headers, restarts) and fits a stored header:
+    ``fingerprint`` is 1 to ``MAX_FINGERPRINT`` printable ASCII characters without spaces
+    or ``@`` (the ``to_str`` separator); ``prefix`` is ``bytes`` of at most
+    ``MAX_PREFIX_BYTES``; ``kind`` is an ``ObjectKind``; ``start`` and ``end`` are integers
+    (numpy integers become ints, bools are refused) with ``0 <= start <= end <=
+    MAX_POSITION``. Anything else raises ValueError naming the field.
     """
 
     fingerprint: str
@@ -118,8 +139,33 @@ class ObjectKey:
     end: int
 
     def __post_init__(self) -> None:
-        if not 0 <= self.start <= self.end:
-            raise ValueError(f"bad key range [{self.start}, {self.end})")
+        fp = self.fingerprint
+        if not (type(fp) is str and _fingerprint_ok(fp)):
+            shown = fp[:40] + "..." if isinstance(fp, str) and len(fp) > 40 else fp
+            raise ValueError(f"key fingerprint {shown!r}: expected 1 to {MAX_FINGERPRINT} "
+                             "printable ASCII characters without spaces or '@'")
+        if not isinstance(self.prefix, bytes) or len(self.prefix) > MAX_PREFIX_BYTES:
+            got = (f"{len(self.prefix)} bytes" if isinstance(self.prefix, bytes)
+                   else type(self.prefix).__name__)
+            raise ValueError(f"key prefix must be bytes of at most {MAX_PREFIX_BYTES}, got {got}")
+        if not isinstance(self.kind, ObjectKind):
+            raise ValueError(f"key kind must be an ObjectKind, got {self.kind!r}")
+        if type(self.start) is int and type(self.end) is int and (
+                0 <= self.start <= self.end <= MAX_POSITION):
+            return  # the common case, kept cheap: keys are made per chunk
+        for name in ("start", "end"):
+            v = getattr(self, name)
+            try:
+                if isinstance(v, bool):
+                    raise TypeError
+                v = operator.index(v)  # exact ints only (numpy ints too, floats refused)
+            except TypeError:
+                raise ValueError(f"key {name} must be an integer, got {v!r}") from None
+            if not 0 <= v <= MAX_POSITION:
+                raise ValueError(f"key {name} {v} outside [0, {MAX_POSITION}]")
+            object.__setattr__(self, name, v)  # plain int, so equal keys hash alike
+        if self.start > self.end:
+            raise ValueError(f"key start {self.start} > end {self.end}: bad range")
 
     def digest(self) -> str:
         """Hex name safe for files and remote stores (depends on every field)."""

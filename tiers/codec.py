@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import struct
 import zlib
 from dataclasses import dataclass
@@ -27,13 +28,24 @@ import blake3
 import numpy as np
 import torch
 
-from hybrid_connector.keys import ObjectKey
+from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.tier import byte_view
 
 MAGIC = b"HCT1"
 VERSION = 1
 PREFIX = struct.Struct("<4sBBHII")
 MAX_HEADER = 1 << 16
+MAX_DIMS = 64
+# The most a zstd frame can inflate: a 4-byte RLE block yields one 128 KiB block, and the
+# frame header only adds bytes, so nbytes <= stored * 32768 for any valid frame.
+ZSTD_MAX_RATIO = 1 << 15
+ZSTD_FRAME_HEADER_MAX = 18  # magic, descriptor, window, dictionary id, content size
+_DTYPE_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_CHECKSUM_RE = re.compile(r"(xxh3|blake3):[0-9a-f]{32}")
+_QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2, torch.quint2x4})
+_KINDS = frozenset(k.value for k in ObjectKind)
+_FIELDS: dict[str, type] = {"key": str, "kind": str, "shape": list, "dtype": str,
+                            "nbytes": int, "stored": int, "codec": str, "checksum": str}
 _BLAKE_THREADS_MIN = 1 << 20  # multi-threaded hashing pays off above ~1 MiB
 
 
@@ -81,16 +93,24 @@ def checksum(buf: Buf, like: str | None = None) -> str:
 
 
 @functools.cache
-def dtype_from_name(name: str) -> torch.dtype:
-    dt = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dt, torch.dtype):
+def _dtype_from_valid_name(name: str) -> torch.dtype:
+    dt = getattr(torch, name, None)
+    if not isinstance(dt, torch.dtype) or dt in _QUANTIZED:  # no payload has those
         raise CorruptObject(f"unknown dtype {name!r}")
     return dt
 
 
-@functools.cache
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype called ``name`` (``"float32"`` or ``"torch.float32"``);
+    CorruptObject for anything else."""
+    name = name.removeprefix("torch.")
+    if not _DTYPE_NAME_RE.fullmatch(name):  # also keeps hostile names out of the cache
+        raise CorruptObject(f"unknown dtype {name[:40]!r}")
+    return _dtype_from_valid_name(name)
+
+
 def itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def new_checksum(like: str | None = None) -> Hasher:
@@ -150,22 +170,71 @@ def decode_prefix(buf: bytes) -> tuple[int, int]:
     return hlen, hcrc
 
 
+def _no_float(token: str) -> None:
+    raise CorruptObject(f"non-integer number {token[:40]!r} in header")
+
+
 def decode_header(hbytes: bytes, hcrc: int) -> Header:
+    """Parse and strictly validate a header (after its CRC): exactly the known fields with
+    their JSON types (integers only, no floats, NaN or Infinity, bools are not integers),
+    a known kind, dtype and codec, at most ``MAX_DIMS`` dims each >= 0, ``nbytes`` equal to
+    shape x itemsize, and a body size consistent with it (raw: equal; zstd: at most
+    ``ZSTD_MAX_RATIO`` times smaller). Raises CorruptObject, never anything else, so
+    callers can bound every allocation by the header and the header by the file."""
     if zlib.crc32(hbytes) != hcrc:
         raise CorruptObject("header checksum mismatch")
     try:
-        d = json.loads(hbytes)
-        h = Header(str(d["key"]), str(d["kind"]), tuple(int(x) for x in d["shape"]),
-                   str(d["dtype"]), int(d["nbytes"]), int(d["stored"]), str(d["codec"]),
-                   str(d["checksum"]))
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptObject(f"bad header: {exc}") from exc
-    n = math.prod(h.shape) * itemsize(h.torch_dtype)
-    if n != h.nbytes or h.codec not in ("raw", "zstd") or h.stored < 0:
+        d = json.loads(hbytes, parse_float=_no_float, parse_constant=_no_float)
+    except RecursionError:  # deep nesting ("[[[[..."): the parser's recursion limit
+        raise CorruptObject("header nests too deeply") from None
+    except ValueError as exc:  # bad JSON or UTF-8, an integer of thousands of digits
+        raise CorruptObject(f"bad header: {str(exc)[:200]}") from None
+    if type(d) is not dict or d.keys() != _FIELDS.keys():
+        raise CorruptObject("header fields are missing or unknown")
+    for name, typ in _FIELDS.items():
+        if type(d[name]) is not typ:
+            raise CorruptObject(f"header field {name!r} is not a {typ.__name__}")
+    shape = d["shape"]
+    if len(shape) > MAX_DIMS or not all(type(x) is int and x >= 0 for x in shape):
+        raise CorruptObject("header shape must be at most 64 integers >= 0")
+    h = Header(d["key"], d["kind"], tuple(shape), d["dtype"], d["nbytes"], d["stored"],
+               d["codec"], d["checksum"])
+    if h.kind not in _KINDS or h.codec not in ("raw", "zstd"):
+        raise CorruptObject("header kind or codec is unknown")
+    if not _CHECKSUM_RE.fullmatch(h.checksum):
+        raise CorruptObject("header checksum field is malformed")
+    if math.prod(h.shape) * itemsize(h.torch_dtype) != h.nbytes or h.stored < 0:
         raise CorruptObject("header fields are inconsistent")
     if h.codec == "raw" and h.stored != h.nbytes:
         raise CorruptObject("raw body length differs from nbytes")
+    if h.codec == "zstd" and h.nbytes > h.stored * ZSTD_MAX_RATIO:
+        raise CorruptObject("zstd body too small for nbytes")
     return h
+
+
+def check_frame(h: Header, body_head: Buf) -> None:
+    """For a zstd body, check that its frame header (the first ``ZSTD_FRAME_HEADER_MAX``
+    bytes of the body suffice) declares exactly ``h.nbytes``: the decompressor allocates
+    what the frame declares, so this must hold before decompressing (``encode`` always
+    writes the content size). CorruptObject otherwise; no-op for raw."""
+    if h.codec != "zstd":
+        return
+    import zstandard
+
+    try:
+        size = zstandard.frame_content_size(bytes(memoryview(body_head)[:ZSTD_FRAME_HEADER_MAX]))
+    except zstandard.ZstdError as exc:
+        raise CorruptObject(f"zstd frame header: {exc}") from None
+    if size != h.nbytes:
+        raise CorruptObject(f"zstd frame declares {size} bytes, header {h.nbytes}")
+
+
+def max_blob_len(nbytes: int) -> int:
+    """An upper bound on the size of any blob ``encode_blob`` makes of ``nbytes`` payload
+    bytes (prefix, the largest header, and zstd's worst-case expansion), so a reader can
+    refuse a longer one before allocating it."""
+    zstd_bound = nbytes + (nbytes >> 8) + (((128 << 10) - nbytes) >> 11 if nbytes < 128 << 10 else 0)
+    return PREFIX.size + MAX_HEADER + zstd_bound + 64  # + frame header and checksum
 
 
 def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tuple[bytes, Buf]:
@@ -195,6 +264,7 @@ def decode_into(h: Header, body: Buf, out: torch.Tensor) -> None:
     if h.codec == "zstd":
         import zstandard
 
+        check_frame(h, body)
         try:
             raw: Buf = zstandard.ZstdDecompressor().decompress(
                 bytes(body), max_output_size=h.nbytes)

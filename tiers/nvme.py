@@ -8,7 +8,12 @@ hits. Every file carries a ``tiers.codec`` header (key, kind, shape, dtype, leng
 checksum); reads verify the key, sizes and checksum, and a file that fails is deleted and
 reported as a miss. At start the index is rebuilt from the directory: temporary files are
 deleted, files with a bad or inconsistent header (or a wrong name) are dropped, and if
-the budget shrank the oldest files go first.
+the budget shrank the oldest files go first. Only regular files are ever read: a symlink,
+FIFO, device or directory under an object name is refused without a blocking open (so it
+cannot hang start-up or a read) and dropped like a corrupt file. ``remove`` deletes the
+file at once; where the filesystem refuses, see ``NvmeTier.remove`` (a tombstone keeps
+the object from coming back after a restart, or, on a read-only filesystem, the object
+stays and ``remove`` says False).
 
 ``verify_reads=False`` skips the payload checksum on raw reads (header, key, dtype, shape
 and exact length are still checked, and atomic renames already rule out torn files); it
@@ -31,43 +36,26 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers import codec
+from tiers.fileio import open_regular as _open_regular
+from tiers.fileio import read_exact as _read_exact
+from tiers.fileio import read_tombstone, write_tombstone
+from tiers.fileio import write_all as _write_all  # tiers.nixl imports it from here
 from tiers.logonce import LogOnce
 from tiers.tier import Entry, IndexedTier, byte_view
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[0-9a-f]{40}$")
 _TMP_SUFFIX = ".tmp"
+_TOMB_RE = re.compile(r"^\.([0-9a-f]{40})\.tomb$")  # ".<digest>.tomb"
 _HEAD_READ = 4096  # first read of a file: prefix + header
 _CHUNK = 1 << 18  # read/hash granularity: stays in L2 between the read and the hash
-
-
-def _write_all(fd: int, *parts: codec.Buf) -> None:
-    """Write every part, in order, with as few syscalls as the kernel allows (writev)."""
-    views = [memoryview(p).cast("B") for p in parts]
-    views = [v for v in views if len(v)]
-    while views:
-        n = os.writev(fd, views)
-        while views and n >= len(views[0]):
-            n -= len(views[0])
-            views.pop(0)
-        if views and n:
-            views[0] = views[0][n:]
-
-
-def _read_exact(fd: int, buf: memoryview, offset: int) -> None:
-    got = 0
-    while got < len(buf):
-        n = os.preadv(fd, [buf[got:]], offset + got)
-        if n <= 0:
-            raise codec.CorruptObject("file shorter than its header says")
-        got += n
 
 
 class NvmeTier(IndexedTier):
@@ -98,21 +86,28 @@ class NvmeTier(IndexedTier):
         self._warn = LogOnce(log)
         self._seq = itertools.count()
         self.dropped_at_start: list[str] = []
+        # Keys whose file could be neither deleted nor tombstoned (read-only filesystem):
+        # still held, but never offered by ``lru`` (nobody could move them).
+        self._stuck: set[ObjectKey] = set()
         self._rebuild(verify_on_start)
 
     # ------------------------------------------------------------------ start
     def _rebuild(self, verify: bool) -> None:
         found: list[tuple[float, Entry]] = []
-        for p in self.path.iterdir():
+        paths = list(self.path.iterdir())
+        tombs = {m.group(1): p for p in paths if (m := _TOMB_RE.match(p.name))}
+        for p in paths:
             name = p.name
             if name.startswith(".") and name.endswith(_TMP_SUFFIX):
                 self._unlink(p)  # a write that never reached its rename
                 continue
             if not _NAME_RE.match(name):
-                continue  # not ours; leave it alone
+                continue  # not ours (tombstones included); leave it alone
+            tomb = tombs.pop(name, None)
+            if tomb is not None and self._buried(p, tomb):
+                continue  # removed by a caller: never indexed again
             try:
-                entry = self._scan(p, verify)
-                found.append((p.stat().st_mtime, entry))
+                found.append(self._scan(p, verify))
             except (OSError, codec.CorruptObject) as exc:
                 self.dropped_at_start.append(name)
                 log.warning("nvme tier %s: dropping %s at start: %s", self.name, name, exc)
@@ -131,17 +126,23 @@ class NvmeTier(IndexedTier):
             kept.append(e)
         for e in reversed(kept):
             self._lru[e.key.kind][e.key] = e
+        for tomb in tombs.values():  # their files are gone
+            self._unlink(tomb)
         if self.dropped_at_start:
             log.warning("nvme tier %s: dropped %d files at start", self.name,
                         len(self.dropped_at_start))
 
-    def _scan(self, p: Path, verify: bool) -> Entry:
-        fd = os.open(p, os.O_RDONLY)
+    def _scan(self, p: Path, verify: bool) -> tuple[float, Entry]:
+        """(mtime, entry) of the object file ``p``; OSError or CorruptObject if it is not
+        a regular file holding a valid object under its own name."""
+        fd, st = _open_regular(p)
         try:
-            h, hend = self._read_header(fd)
-            size = os.fstat(fd).st_size
-            if size != hend + h.stored:
-                raise codec.CorruptObject(f"size {size} != {hend + h.stored}")
+            h, hend, head = self._read_head(fd)
+            self._check_size(fd, h, hend)
+            body_head = head[hend : hend + codec.ZSTD_FRAME_HEADER_MAX]
+            if len(body_head) < min(codec.ZSTD_FRAME_HEADER_MAX, h.stored):  # a long header
+                body_head = os.pread(fd, codec.ZSTD_FRAME_HEADER_MAX, hend)
+            codec.check_frame(h, body_head)
             key = ObjectKey.from_str(h.key)
             if key.digest() != p.name or key.kind.value != h.kind:
                 raise codec.CorruptObject("file name or kind does not match its key")
@@ -154,11 +155,18 @@ class NvmeTier(IndexedTier):
             raise codec.CorruptObject(str(exc)) from exc
         finally:
             os.close(fd)
-        return Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p))
+        return st.st_mtime, Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p))
 
     @staticmethod
     def _read_header(fd: int) -> tuple[codec.Header, int]:
-        # One read covers prefix and header in the common case (headers are ~300 bytes).
+        """(validated header, offset of the body); CorruptObject if malformed."""
+        h, hend, _ = NvmeTier._read_head(fd)
+        return h, hend
+
+    @staticmethod
+    def _read_head(fd: int) -> tuple[codec.Header, int, bytes]:
+        # One read covers prefix and header in the common case (headers are ~300 bytes);
+        # the bytes read are returned too (they usually hold the body's first bytes).
         head = os.pread(fd, _HEAD_READ, 0)
         hlen, hcrc = codec.decode_prefix(head)
         hend = codec.PREFIX.size + hlen
@@ -166,13 +174,22 @@ class NvmeTier(IndexedTier):
             rest = bytearray(hend - len(head))
             _read_exact(fd, memoryview(rest), len(head))
             head += rest
-        return codec.decode_header(head[codec.PREFIX.size : hend], hcrc), hend
+        return codec.decode_header(head[codec.PREFIX.size : hend], hcrc), hend, head
+
+    @staticmethod
+    def _check_size(fd: int, h: codec.Header, hend: int) -> None:
+        """The file must be exactly header + ``stored`` bytes: every size the header claims
+        is then bounded by the file before anything is allocated from it."""
+        size = os.fstat(fd).st_size
+        if size != hend + h.stored:
+            raise codec.CorruptObject(f"size {size} != {hend + h.stored}")
 
     # ------------------------------------------------------------------ storage
     def _file(self, key: ObjectKey) -> Path:
         return self.path / key.digest()
 
-    def _unlink(self, p: Path) -> None:
+    def _unlink(self, p: Path) -> bool:
+        """Delete ``p``; False (logged once) when the filesystem refuses."""
         try:
             if p.is_dir() and not p.is_symlink():
                 p.rmdir()  # an (empty) directory squatting on an object name
@@ -182,13 +199,93 @@ class NvmeTier(IndexedTier):
             pass
         except OSError as exc:
             self._warn.warn("unlink", "nvme tier %s: cannot delete %s: %s", self.name, p, exc)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ removal
+    def remove(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """``Tier.remove``, honest about the filesystem: an unpinned object's file is
+        deleted now. If the filesystem refuses (an immutable file, EPERM, EIO), a
+        tombstone ``.<digest>.tomb`` recording the file's identity makes the removal
+        durable instead: the object is gone now and is never indexed again, and the next
+        start deletes file and tombstone once it can. If not even the tombstone can be
+        written (a read-only filesystem), the object stays: still held, readable and
+        counted, no longer offered by ``lru``, and the answer for it is False. A pinned
+        object is released at its last unpin the same way (file, else tombstone); on a
+        read-only filesystem its removal is refused up front."""
+        out = []
+        with self._lock:
+            for k in keys:
+                e = self._entry(k)
+                if e is not None and e.pins == 0 and not self._inflight.get(k):
+                    if not self._retire(k):
+                        self._stuck.add(k)
+                        out.append(False)
+                        continue
+                    e.handle = None  # its file is gone or tombstoned: nothing to release
+                elif e is not None and self._read_only():
+                    self._stuck.add(k)
+                    out.append(False)
+                    continue
+                self._stuck.discard(k)
+                out.extend(super().remove([k]))
+        return out
+
+    def lru(self, kind: ObjectKind) -> Iterator[ObjectKey]:
+        with self._lock:
+            return iter([k for k in super().lru(kind) if k not in self._stuck])
+
+    def _read_only(self) -> bool:
+        try:
+            return bool(os.statvfs(self.path).f_flag & os.ST_RDONLY)
+        except OSError:
+            return True
+
+    def _retire(self, key: ObjectKey) -> bool:
+        """Delete ``key``'s file or, when the filesystem refuses, tombstone it; False when
+        neither worked (the file stays and would come back at a restart)."""
+        p = self._file(key)
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
+        if self._unlink(p):
+            return True
+        tmp = self.path / f".{key.digest()}.{os.getpid()}.{next(self._seq)}{_TMP_SUFFIX}"
+        try:
+            write_tombstone(self.path / f".{key.digest()}.tomb", tmp, st, self.fsync)
+            return True
+        except OSError as exc:
+            self._warn.warn("tomb", "nvme tier %s: cannot tombstone undeletable %s: %s",
+                            self.name, p, exc)
+            self._unlink(tmp)
+            return False
+
+    def _buried(self, p: Path, tomb: Path) -> bool:
+        """At start: whether the object file ``p`` is the one ``tomb`` recorded as removed
+        (then both are deleted if the filesystem now allows). A tombstone of an older file
+        (the key was stored again since) is deleted and the file is scanned as usual."""
+        try:
+            st = os.lstat(p)
+            same = (st.st_ino, st.st_size, st.st_mtime_ns) == read_tombstone(tomb)
+        except (OSError, ValueError):
+            same = False
+        if not same or self._unlink(p):
+            self._unlink(tomb)  # keep it only while its file is still there
+        return same
 
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
         final = self._file(key)
         tmp = self.path / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}{_TMP_SUFFIX}"
-        fd = -1
         try:
             head, body = codec.encode(key, payload, self.zstd.get(key.kind))
+        except Exception as exc:  # e.g. MemoryError compressing: a failed put, not a crash
+            self._warn.warn("encode", "nvme tier %s: cannot encode: %s", self.name, exc)
+            return None
+        fd = -1
+        try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             _write_all(fd, head, body)
             if self.fsync:
@@ -196,6 +293,8 @@ class NvmeTier(IndexedTier):
             os.close(fd)
             fd = -1
             os.rename(tmp, final)
+            with self._lock:
+                self._stuck.discard(key)  # a new file: deletable again, as far as we know
             return str(final)
         except OSError as exc:
             reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "write"
@@ -223,14 +322,15 @@ class NvmeTier(IndexedTier):
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
         try:
-            fd = os.open(str(entry.handle), os.O_RDONLY)
-        except OSError as exc:
+            fd, _ = _open_regular(str(entry.handle))
+        except (OSError, codec.CorruptObject) as exc:
             self._warn.warn("read", "nvme tier %s: cannot open %s: %s", self.name, entry.handle, exc)
             return False
         try:
             h, hend = self._read_header(fd)
             if h.shape != entry.shape or h.torch_dtype != entry.dtype or h.key != entry.key.to_str():
                 raise codec.CorruptObject("header does not match the index")
+            self._check_size(fd, h, hend)  # the file may have changed since the scan
             if h.codec == "raw" and out.device.type == "cpu":
                 # Straight into the caller's buffer, hashing each chunk while it is still
                 # in cache (one pass over memory instead of two).
@@ -246,8 +346,6 @@ class NvmeTier(IndexedTier):
                     off += n
                 if hasher is not None and hasher.tag() != h.checksum:
                     raise codec.CorruptObject("payload checksum mismatch")
-                if not self.verify_reads and os.pread(fd, 1, hend + off):
-                    raise codec.CorruptObject("file longer than its header says")
             else:
                 body = bytearray(h.stored)
                 _read_exact(fd, memoryview(body), hend)
@@ -262,6 +360,6 @@ class NvmeTier(IndexedTier):
 
     def _release(self, entry: Entry) -> None:
         # The file is named by key only: never delete it under a newer object or a put
-        # of the same key that is about to register.
-        if not self._key_busy(entry.key):
-            self._unlink(self._file(entry.key))
+        # of the same key that is about to register. No handle: ``remove`` retired it.
+        if entry.handle is not None and not self._key_busy(entry.key):
+            self._retire(entry.key)

@@ -5,11 +5,18 @@ Each object is one self-describing ``tiers.codec`` blob (key, dtype, shape, chec
 zstd when ``serde="zstd"``) stored under a name derived from the key digest, so dtype and
 shape round-trip bit for bit and a damaged or foreign blob is a miss.
 
-Failure model: every network call runs with a timeout. A failure or timeout marks the
-remote down for a backoff period (doubling up to ``max_backoff``) during which calls
-return misses / False at once without touching the network; one WARNING is logged when it
-goes down and one INFO when it is back. Nothing raises into the caller after
-construction (a malformed URL raises ValueError at construction).
+Failure model: every client call runs under one deadline, ``timeout`` seconds for the
+whole call (connect, send and every receive of the reply together; see
+``tiers.deadline``), so a server that trickles its reply cannot stretch it. Calls never
+wait for each other: each in-flight call has a connection of its own (a small pool of
+idle ones is kept), so one slow call does not block other threads. A reply longer than
+the object's bound (``codec.max_blob_len`` of its size) is refused before anything is
+allocated. Any failure at all (timeout, I/O error, protocol violation, a malformed or
+hostile blob, an exception out of a client library) is a miss / False. A network failure
+also marks the remote down for a backoff period (doubling up to ``max_backoff``) during
+which calls return misses / False at once without touching the network; one WARNING is
+logged when it goes down and one INFO when it is back. Nothing raises into the caller
+after construction (a malformed URL raises ValueError at construction).
 
 The index (and so the budget) covers the objects this process put. ``lmcache_server`` has
 no delete command, so removing an object there only forgets it locally (the server keeps
@@ -25,13 +32,14 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers import codec, lm_protocol
+from tiers import codec, deadline, lm_protocol
+from tiers.deadline import DeadlineSocket
 from tiers.tier import Entry, IndexedTier, TierUnavailable
 
 log = logging.getLogger(__name__)
@@ -39,17 +47,21 @@ T = TypeVar("T")
 
 
 class RemoteError(Exception):
-    """Any failure talking to the remote (wrapped so the guard catches one type)."""
+    """A failure talking to the remote: a protocol violation, a refused reply, or any
+    exception out of a client library (wrapped with its type and message)."""
 
 
 class RemoteClient(ABC):
-    """Blob store client. Methods raise RemoteError (or OSError) on any failure."""
+    """Blob store client. Every method is one call under one deadline and raises
+    RemoteError (or OSError) on any failure; calls from several threads run concurrently."""
 
     @abstractmethod
     def put(self, name: str, blob: bytes) -> None: ...
 
     @abstractmethod
-    def get(self, name: str) -> bytes | bytearray | None: ...
+    def get(self, name: str, max_len: int) -> bytes | bytearray | None:
+        """The blob (None: not stored). A blob longer than ``max_len`` is an error,
+        detected before anything that size is allocated."""
 
     @abstractmethod
     def exists(self, name: str) -> bool: ...
@@ -68,25 +80,30 @@ class RemoteClient(ABC):
 
 
 class LmClient(RemoteClient):
-    """Raw-socket client of ``lmcache_server`` (see ``tiers.lm_protocol``). One connection,
-    one request at a time; any error closes it and the next call reconnects."""
+    """Raw-socket client of ``lmcache_server`` (see ``tiers.lm_protocol``).
 
-    def __init__(self, host: str, port: int, timeout: float) -> None:
-        self.host, self.port, self.timeout = host, port, timeout
-        self._sock: socket.socket | None = None
-        self._lock = threading.Lock()
+    Each call runs under one deadline of ``timeout`` seconds (connect, send and every
+    receive) on a connection of its own: an idle pooled one or a new one. It goes back to
+    the pool (at most ``max_idle`` are kept) only after a clean exchange; any error closes
+    it. No lock is held during I/O, so a slow call never delays another thread's call
+    (``lmcache_server`` serves each connection in its own thread)."""
+
+    def __init__(self, host: str, port: int, timeout: float, max_idle: int = 4) -> None:
+        self.host, self.port, self.timeout, self.max_idle = host, port, timeout, max_idle
+        self._idle: list[DeadlineSocket] = []
+        self._lock = threading.Lock()  # guards _idle only
+        self._closed = False
 
     def name_for(self, key: ObjectKey) -> str:
         return lm_protocol.key_string(key.digest())
 
-    def _conn(self) -> socket.socket:
-        if self._sock is None:
-            s = socket.create_connection((self.host, self.port), timeout=self.timeout)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock = s
-        return self._sock
+    def _connect(self) -> DeadlineSocket:
+        s = socket.create_connection((self.host, self.port), timeout=deadline.left())
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return DeadlineSocket(s)
 
-    def _recv_exact(self, s: socket.socket, n: int) -> bytearray:
+    @staticmethod
+    def _recv_exact(s: DeadlineSocket, n: int) -> bytearray:
         buf = bytearray(n)
         mv = memoryview(buf)
         got = 0
@@ -97,22 +114,26 @@ class LmClient(RemoteClient):
             got += k
         return buf
 
-    def _do(self, fn: Callable[[socket.socket], T]) -> T:
-        with self._lock:
+    def _do(self, fn: Callable[[DeadlineSocket], T]) -> T:
+        with deadline.scope(self.timeout):
+            with self._lock:
+                s = self._idle.pop() if self._idle else None
+            if s is None:
+                s = self._connect()
             try:
-                return fn(self._conn())
+                out = fn(s)
             except BaseException:
-                self._drop()
+                s.close()  # mid-exchange: the stream is out of step
                 raise
+        with self._lock:
+            keep = not self._closed and len(self._idle) < self.max_idle
+            if keep:
+                self._idle.append(s)
+        if not keep:
+            s.close()
+        return out
 
-    def _drop(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
-
-    def _ask(self, s: socket.socket, cmd: lm_protocol.Command, name: str) -> tuple[int, int]:
+    def _ask(self, s: DeadlineSocket, cmd: lm_protocol.Command, name: str) -> tuple[int, int]:
         s.sendall(lm_protocol.request(cmd, name))
         try:
             return lm_protocol.parse_reply(bytes(self._recv_exact(s, lm_protocol.SERVER.size)))
@@ -120,16 +141,20 @@ class LmClient(RemoteClient):
             raise RemoteError(str(exc)) from exc
 
     def put(self, name: str, blob: bytes) -> None:
-        def run(s: socket.socket) -> None:
+        def run(s: DeadlineSocket) -> None:
             s.sendall(lm_protocol.request(lm_protocol.Command.PUT, name, len(blob)))
             s.sendall(blob)
         self._do(run)
 
-    def get(self, name: str) -> bytearray | None:
-        def run(s: socket.socket) -> bytearray | None:
+    def get(self, name: str, max_len: int) -> bytearray | None:
+        def run(s: DeadlineSocket) -> bytearray | None:
             code, length = self._ask(s, lm_protocol.Command.GET, name)
             if code != lm_protocol.SUCCESS:
+                if length:
+                    raise RemoteError(f"a miss announcing {length} bytes")
                 return None
+            if length > max_len:  # checked before the buffer is allocated
+                raise RemoteError(f"reply of {length} bytes exceeds the bound {max_len}")
             return self._recv_exact(s, length)
         return self._do(run)
 
@@ -145,50 +170,81 @@ class LmClient(RemoteClient):
 
     def close(self) -> None:
         with self._lock:
-            self._drop()
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for s in idle:
+            s.close()
+
+
+class _DeadlineConnection:
+    """Mixed into redis-py's connection class: its sockets are ``DeadlineSocket`` and its
+    TCP connect gets only what is left of the call's deadline."""
+
+    socket_connect_timeout: float | None
+
+    def _connect(self) -> Any:
+        rem = deadline.left()
+        if rem is not None:
+            self.socket_connect_timeout = rem
+        return DeadlineSocket(super()._connect())  # type: ignore[misc]
 
 
 class RedisClient(RemoteClient):
-    """``redis://`` (or ``valkey://``) via the redis client, no client-side retries (the
-    tier's backoff decides when to try again)."""
+    """``redis://``, ``rediss://`` or ``valkey://`` via redis-py, speaking RESP2 (no
+    ``HELLO`` handshake, which Redis-likes answer in odd ways) with no client-side retries
+    (the tier's backoff decides when to try again). redis-py's pool gives each in-flight
+    call a connection of its own; each call runs under one deadline of ``timeout`` seconds
+    that its connect, handshake, send and every receive share. Reads are
+    ``GETRANGE 0 max_len-1``, so a server never has reason to send more than the bound.
+    Any exception out of redis-py is a RemoteError."""
 
     def __init__(self, url: str, timeout: float) -> None:
         import redis
         from redis.backoff import NoBackoff
         from redis.retry import Retry
 
-        self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self.timeout = timeout
+        base = redis.SSLConnection if url.startswith("rediss://") else redis.Connection
         self._r = redis.Redis.from_url(
             url.replace("valkey://", "redis://", 1), socket_timeout=timeout,
-            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), protocol=2,
+            connection_class=type("DeadlineConnection", (_DeadlineConnection, base), {}))
 
     def name_for(self, key: ObjectKey) -> str:
         return "hc:" + key.digest()
 
     def _call(self, fn: Callable[[], T]) -> T:
         try:
-            return fn()
-        except self._errors as exc:
+            with deadline.scope(self.timeout):
+                return fn()
+        except Exception as exc:  # redis-py can raise anything at an odd server
             raise RemoteError(f"{type(exc).__name__}: {exc}") from exc
 
     def put(self, name: str, blob: bytes) -> None:
-        self._call(lambda: self._r.set(name, blob))
+        if self._call(lambda: self._r.set(name, blob)) is not True:
+            raise RemoteError("SET was not acknowledged")
 
-    def get(self, name: str) -> bytes | None:
-        v = self._call(lambda: self._r.get(name))
-        return None if v is None else bytes(v)  # type: ignore[arg-type]
+    def get(self, name: str, max_len: int) -> bytes | None:
+        v = self._call(lambda: self._r.getrange(name, 0, max_len - 1))
+        if not isinstance(v, bytes):
+            raise RemoteError(f"GETRANGE answered a {type(v).__name__}")
+        return v or None  # a missing key reads as empty (no blob is empty)
 
     def exists(self, name: str) -> bool:
-        return bool(self._call(lambda: self._r.exists(name)))
+        n = self._call(lambda: self._r.exists(name))
+        if type(n) is not int:
+            raise RemoteError(f"EXISTS answered a {type(n).__name__}")
+        return n > 0
 
     def delete(self, name: str) -> None:
         self._call(lambda: self._r.delete(name))
 
     def health(self) -> None:
-        self._call(lambda: self._r.ping())
+        if self._call(lambda: self._r.ping()) is not True:
+            raise RemoteError("PING was not answered with PONG")
 
     def close(self) -> None:
-        with contextlib.suppress(*self._errors):
+        with contextlib.suppress(Exception):
             self._r.close()
 
 
@@ -205,7 +261,12 @@ def make_client(url: str, timeout: float) -> RemoteClient:
 
 
 class RemoteTier(IndexedTier):
-    """A remote blob store as a tier; see the module docstring and ``tiers.tier.Tier``."""
+    """A remote blob store as a tier; see the module docstring and ``tiers.tier.Tier``.
+
+    ``timeout``: the one deadline of each client call in seconds (config key
+    ``remote_timeout_s``), covering connect, send and the whole reply; a put that confirms
+    (``confirm_puts``) makes two calls. ``client`` replaces the URL's client (tests).
+    """
 
     def __init__(
         self,
@@ -246,7 +307,7 @@ class RemoteTier(IndexedTier):
                 return False, None
         try:
             out = fn()
-        except (RemoteError, OSError, ValueError) as exc:
+        except Exception as exc:  # every remote failure is a miss, whatever raised it
             with self._state_lock:
                 self.failures += 1
                 self._stats.errors += 1
@@ -271,7 +332,11 @@ class RemoteTier(IndexedTier):
     # ------------------------------------------------------------------ storage
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
         name = self.client.name_for(key)
-        blob = codec.encode_blob(key, payload, self.zstd_level)
+        try:
+            blob = codec.encode_blob(key, payload, self.zstd_level)
+        except Exception as exc:  # e.g. MemoryError: a local failure, not the remote's
+            log.warning("remote tier %s: cannot encode %s: %s", self.name, name, exc)
+            return None
 
         def run() -> bool:
             self.client.put(name, blob)
@@ -282,9 +347,11 @@ class RemoteTier(IndexedTier):
         return name if ok and stored else None
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
-        ok, blob = self._guard("get", lambda: self.client.get(str(entry.handle)))
+        # The most a valid blob of this object can take: a longer reply is refused unread.
+        bound = codec.max_blob_len(entry.nbytes)
+        ok, blob = self._guard("get", lambda: self.client.get(str(entry.handle), bound))
         if not ok:
-            raise TierUnavailable(self.url)  # down or timed out: keep it indexed
+            raise TierUnavailable(self.url)  # down, timed out or refused: keep it indexed
         if blob is None:
             return False  # the server lost it (restart, eviction): forget it
         try:
@@ -293,6 +360,9 @@ class RemoteTier(IndexedTier):
         except codec.CorruptObject as exc:
             log.warning("remote tier %s: dropping corrupt %s: %s", self.name, entry.handle, exc)
             return False
+        except Exception as exc:  # e.g. the copy into a device buffer: the blob may be fine
+            log.warning("remote tier %s: cannot load %s: %s", self.name, entry.handle, exc)
+            raise TierUnavailable(self.url) from exc
 
     def _release(self, entry: Entry) -> None:
         if not self._key_busy(entry.key):

@@ -70,3 +70,38 @@ def test_fingerprint_changes_with_any_field():
     assert model_fingerprint(dict(base)) == fp
     for k, v in (("hidden", 65), ("dtype", "float16"), ("tp", 2)):
         assert model_fingerprint({**base, k: v}) != fp
+
+
+@pytest.mark.parametrize(("field", "args"), [
+    ("fingerprint", ("a@b", b"\x01" * 16, ObjectKind.KV, 0, 16)),  # '@' splits to_str
+    ("fingerprint", ("f" * (64 * 1024 + 1), b"\x01" * 16, ObjectKind.KV, 0, 16)),
+    ("fingerprint", ("", b"\x01" * 16, ObjectKind.KV, 0, 16)),
+    ("fingerprint", ("has space", b"\x01" * 16, ObjectKind.KV, 0, 16)),
+    ("fingerprint", ("caf\u00e9", b"\x01" * 16, ObjectKind.KV, 0, 16)),
+    ("fingerprint", (b"fp", b"\x01" * 16, ObjectKind.KV, 0, 16)),
+    ("prefix", ("fp", "0101", ObjectKind.KV, 0, 16)),
+    ("prefix", ("fp", b"\x01" * 65, ObjectKind.KV, 0, 16)),
+    ("kind", ("fp", b"\x01" * 16, "kv", 0, 16)),
+    ("kind", ("fp", b"\x01" * 16, None, 0, 16)),
+    ("start", ("fp", b"\x01" * 16, ObjectKind.KV, -1, 16)),
+    ("start", ("fp", b"\x01" * 16, ObjectKind.KV, 1.0, 16)),
+    ("start", ("fp", b"\x01" * 16, ObjectKind.KV, True, 16)),
+    ("end", ("fp", b"\x01" * 16, ObjectKind.KV, 0, "16")),
+    ("end", ("fp", b"\x01" * 16, ObjectKind.KV, 0, 1 << 64)),
+])
+def test_object_key_rejects_bad_fields_when_made(field: str, args: tuple[object, ...]) -> None:
+    """A key that could not round-trip (``to_str``/``from_str``, file and remote names)
+    or be stored must not be made at all: ValueError naming the field."""
+    with pytest.raises(ValueError, match=field):
+        ObjectKey(*args)  # type: ignore[arg-type]
+
+
+def test_object_key_limits_round_trip() -> None:
+    """The largest valid fields survive ``to_str``/``from_str``; numpy integers are taken
+    as plain ints (positions often come out of numpy arrays)."""
+    k = ObjectKey("F" * 256, b"\xff" * 64, ObjectKind.ANCHOR, 0, (1 << 63) - 1)
+    assert ObjectKey.from_str(k.to_str()) == k
+    n = ObjectKey("fp", b"", ObjectKind.STATE, np.int64(7), np.int64(7))
+    assert type(n.start) is int and n == ObjectKey("fp", b"", ObjectKind.STATE, 7, 7)
+    with pytest.raises(ValueError):
+        ObjectKey.from_str("fp@kv@0@16@zz")

@@ -7,12 +7,10 @@ can never pass by silently skipping the integration tests).
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
-from tier_servers import free_port, run_lmcache, run_redis
+from tier_servers import StalledServer, free_port, run_lmcache, run_redis
 
 
 @pytest.fixture(scope="session")
@@ -30,32 +28,12 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def stalled_server() -> Iterator[str]:
-    """``host:port`` of a real socket that accepts connections and never answers."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    conns: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                c, _ = srv.accept()
-                conns.append(c)  # keep it open, read nothing, answer nothing
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
+def stalled_server() -> Iterator[StalledServer]:
+    """A ``StalledServer`` on 127.0.0.1 (``.addr`` is ``host:port``)."""
+    srv = StalledServer()
     try:
-        yield f"127.0.0.1:{srv.getsockname()[1]}"
+        yield srv
     finally:
-        stop.set()
-        t.join(2)
-        for c in conns:
-            c.close()
         srv.close()
 
 

@@ -93,8 +93,8 @@ def test_wire_format_matches_lmcache_protocol(lmcache_server: str) -> None:
     c = LmClient(u[0], int(u[1]), timeout=5)
     c.health()
     c.put(key, b"\x00\x01payload")
-    assert c.exists(key) and c.get(key) == b"\x00\x01payload"
-    assert c.get(lm_protocol.key_string("ab" * 20)) is None
+    assert c.exists(key) and c.get(key, 100) == b"\x00\x01payload"
+    assert c.get(lm_protocol.key_string("ab" * 20), 100) is None
     c.close()
 
 

@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,3 +104,38 @@ def run_redis(workdir: Path) -> Iterator[str]:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
         _stop(proc)
+
+
+class StalledServer:
+    """A real socket that accepts connections and never answers; ``accepted`` counts the
+    connections it took, so a test can tell whether a call touched the network."""
+
+    def __init__(self) -> None:
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(16)
+        self.addr = f"127.0.0.1:{self.srv.getsockname()[1]}"
+        self.conns: list[socket.socket] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def accepted(self) -> int:
+        return len(self.conns)
+
+    def _accept(self) -> None:
+        self.srv.settimeout(0.05)
+        while not self.stop.is_set():
+            try:
+                c, _ = self.srv.accept()
+                self.conns.append(c)  # keep it open, read nothing, answer nothing
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2)
+        for c in self.conns:
+            c.close()
+        self.srv.close()

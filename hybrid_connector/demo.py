@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from hybrid_connector import assemble
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig, load_config
 from hybrid_connector.keys import ObjectKind
@@ -25,7 +26,7 @@ from hybrid_connector.model_presets import load_geometry
 from hybrid_connector.plan import SaveItem
 from hybrid_connector.radix import IntegrityError
 from hybrid_connector.sim.traces import multi_turn_chat
-from tiers.store import ObjectStore
+from tiers.backend import Backend
 
 
 class CorruptLoad(RuntimeError):
@@ -54,12 +55,12 @@ def _items(geo: ModelGeometry, cfg: HybridConfig, toks: np.ndarray, kv_from: int
     return items
 
 
-def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: ObjectStore, records: list[dict[str, Any]],
+def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: Backend, records: list[dict[str, Any]],
              progress: bool = True) -> HybridCache:
     """Replay ``records`` through a cache over ``store``; verify every load; return the cache.
     Raises ``CorruptLoad`` for a mismatching load and ``IntegrityError`` for a broken index
     (the cache is closed first)."""
-    cache = HybridCache(cfg, geo, store)
+    cache = assemble.cache(cfg, geo, store)
     try:
         _replay(cache, cfg, geo, records, progress)
         cache.check_integrity()

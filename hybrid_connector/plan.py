@@ -31,7 +31,9 @@ class LoadPlan:
     the alignment. ``kv_tokens`` is how far attention KV alone reaches (per-group hit for
     engines that can use a deeper attention hit), ``matched_tokens`` the raw radix match.
     ``is_async`` is True when some object sits in a slow tier (disk, remote).
-    ``alignment`` is the granularity the hit length was rounded to.
+    ``alignment`` is the granularity the hit length was rounded to. ``pending_tokens``
+    (> ``num_tokens``) is the hit objects still being saved would give once they land (an
+    engine may prefer to ask again later).
     """
 
     num_tokens: int
@@ -46,6 +48,7 @@ class LoadPlan:
     node_id: int = 0
     is_async: bool = False
     alignment: int = 1
+    pending_tokens: int = 0
 
     @property
     def hit(self) -> bool:
@@ -61,6 +64,26 @@ class LoadPlan:
 
 
 MISS = LoadPlan(num_tokens=0, exact=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSpec:
+    """An object to save, without its bytes (what the index needs): KV chunk
+    ``[start, end)``, state at ``end`` (``start == end``) or anchor page ``[start, end)``,
+    and its payload size per TP rank."""
+
+    kind: ObjectKind
+    start: int
+    end: int
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        if self.kind is ObjectKind.STATE and self.start != self.end:
+            raise ValueError(f"a state item has start == end, got [{self.start}, {self.end})")
+        if self.kind is not ObjectKind.STATE and not 0 <= self.start < self.end:
+            raise ValueError(f"bad {self.kind.value} range [{self.start}, {self.end})")
+        if self.nbytes <= 0:
+            raise ValueError(f"an object has a positive size, got {self.nbytes}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +103,11 @@ class SaveItem:
             raise ValueError(f"bad {self.kind.value} range [{self.start}, {self.end})")
         if not isinstance(self.payload, torch.Tensor) or self.payload.numel() == 0:
             raise ValueError("payload must be a non-empty tensor")
+
+    @property
+    def spec(self) -> ObjectSpec:
+        return ObjectSpec(self.kind, self.start, self.end,
+                          self.payload.numel() * self.payload.element_size())
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,8 @@ class NvmeTier(IndexedTier):
     created. Everything after construction reports failures as misses or False.
     """
 
+    slow = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -266,7 +266,12 @@ class RemoteTier(IndexedTier):
     ``timeout``: the one deadline of each client call in seconds (config key
     ``remote_timeout_s``), covering connect, send and the whole reply; a put that confirms
     (``confirm_puts``) makes two calls. ``client`` replaces the URL's client (tests).
+    Shared: other instances read and write the same server, so the ledger writes copies
+    to it and never deletes from it.
     """
+
+    slow = True
+    shared = True
 
     def __init__(
         self,

@@ -110,9 +110,19 @@ class TierStats:
 
 
 class Tier(ABC):
-    """One storage level with per-kind byte budgets. See the module docstring."""
+    """One storage level with per-kind byte budgets. See the module docstring.
+
+    Facts the ledger reads: ``slow`` (reads are async: disk, remote), ``shared`` (other
+    instances read and write it too: it gets copies and is never deleted from), and
+    ``granularity(kind)`` (an object takes its size rounded up to that many bytes)."""
 
     name: str
+    slow = False
+    shared = False
+
+    def granularity(self, kind: ObjectKind) -> int:
+        """Bytes an object of ``kind`` is rounded up to in this tier's pool (1: exact)."""
+        return 1
 
     @abstractmethod
     def capacity(self, kind: ObjectKind) -> int:

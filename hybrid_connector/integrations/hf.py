@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from hybrid_connector import assemble
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorder
@@ -49,7 +50,7 @@ from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
 from hybrid_connector.replay import ReplayGate, gather_anchors, replay_states
-from tiers.store import ObjectStore
+from tiers.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class HFRuntime:
         self.recorder = AnchorRecorder(model, self.layout).attach() if want else None
 
     @classmethod
-    def create(cls, model: Any, config: HybridConfig, store: ObjectStore, *,
+    def create(cls, model: Any, config: HybridConfig, store: Backend, *,
                anchors: bool | None = None, gate: ReplayGate | None = None,
                alignment: int = 1, **cache_kwargs: Any) -> HFRuntime:
         """Build the ``HybridCache`` for ``model`` (geometry and layout fingerprinted) and
@@ -136,7 +137,7 @@ class HFRuntime:
         geometry = geometry_for(model)
         adapter = HFStateAdapter(model, geometry)
         layout = {"engine": "transformers", **anchor_layout(model, config, adapter).fingerprint()}
-        cache = HybridCache(config, geometry, store, layout=layout, **cache_kwargs)
+        cache = assemble.cache(config, geometry, store, layout=layout, **cache_kwargs)
         return cls(model, cache, anchors=anchors, gate=gate, alignment=alignment)
 
     def close(self) -> None:

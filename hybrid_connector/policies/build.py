@@ -3,8 +3,9 @@
 ``eviction``: ``lru`` -> ``LRUEviction``; ``marconi`` -> ``MarconiEviction`` with the
 corrected accounting (GQA-aware node-local bytes, per-family FLOPs); ``marconi_reference``
 -> the same policy with the reference simulator's accounting and its FLOPs-saved tuning
-objective. ``alpha: auto`` gets an ``AlphaTuner`` built at the first eviction, replaying
-through the simulator's ``CacheReplayer`` (imported lazily, on the tuner's thread path).
+objective. ``alpha: auto`` gets an ``AlphaTuner`` built at the first eviction from the
+injected ``replayers`` (``hybrid_connector.assemble`` passes the simulator's: the policies
+never import the cache or the simulator).
 
 ``admission``: ``marconi`` (wrapped in ``PlacementAdmission`` when ``placement_slots`` >
 0), ``every_block`` (vLLM-style, one checkpoint per ``chunk_size``), ``last_token``.
@@ -54,23 +55,24 @@ def objective(config: HybridConfig) -> str:
     return "flops" if config.eviction == "marconi_reference" else config.alpha_objective
 
 
-def eviction(config: HybridConfig) -> EvictionPolicy:
-    """The eviction policy named by ``config.eviction``."""
+ReplayerSource = Callable[
+    [HybridConfig, Callable[[], AdmissionPolicy], Callable[[ModelGeometry], Accounting], str],
+    Callable[[ModelGeometry, Mapping[ObjectKind, int]], Replayer],
+]
+
+
+def eviction(config: HybridConfig, replayers: ReplayerSource | None = None) -> EvictionPolicy:
+    """The eviction policy named by ``config.eviction``. With ``alpha: auto``,
+    ``replayers(config, admission, accounting, objective)`` makes the tuner's replayer
+    factory; without it the alpha stays at 0 (pure recency)."""
     if config.eviction == "lru":
         return LRUEviction()
     if config.eviction in ACCOUNTING:
         acct = ACCOUNTING[config.eviction]
         alpha = None if config.alpha == "auto" else float(config.alpha)
         factory = None
-        if alpha is None:
-            def factory(geometry: ModelGeometry, snapshot: Mapping[ObjectKind, int]) -> Replayer:
-                from hybrid_connector.sim.replay import default_replayer_factory
-
-                make = default_replayer_factory(
-                    config, lambda: admission(config), acct, objective(config)
-                )
-                return make(geometry, snapshot)
-
+        if alpha is None and replayers is not None:
+            factory = replayers(config, lambda: admission(config), acct, objective(config))
         return MarconiEviction(
             alpha=alpha, accounting=acct, replayer_factory=factory,
             tuner_options=tuner_options(config),

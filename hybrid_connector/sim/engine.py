@@ -26,9 +26,11 @@ import numpy as np
 
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
+from hybrid_connector.index import Policies
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SaveItem
+from hybrid_connector.policies import build
 from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_pages
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
@@ -70,7 +72,11 @@ class Simulator:
         self.config = config
         self.geometry = geometry
         self.store = SizeOnlyStore(budget)
-        self.cache = HybridCache(config, geometry, self.store, eviction=eviction, admission=admission)
+        # Without an eviction policy: the configured one, whose auto alpha then stays at 0
+        # (the simulator's baselines build their own tuner, see ``baselines``).
+        self.cache = HybridCache(config, geometry, self.store,
+                                 Policies(eviction or build.eviction(config),
+                                          admission or build.admission(config)))
         self.anchors = anchors
         self.kv_tok = geometry.kv_bytes_per_token()
         self.state_bytes = geometry.state_bytes()

@@ -1,24 +1,25 @@
-"""``SizeOnlyStore``: an ``ObjectStore`` that accounts bytes and keeps no data.
+"""``SizeOnlyStore``: a store that accounts bytes and keeps no data.
 
 For the simulator: payloads are zero-stride views (``zero_payload(n)`` =
 ``torch.zeros(1, dtype=torch.uint8).expand(n)``), so a "1 GiB" object costs one byte of
-memory; ``put`` records only the key and ``numel() * element_size()``. Kinds are grouped
-into pools that share one byte budget: ``capacity(kind)`` is the pool budget minus what the
-pool's *other* kinds use, so the cache's check ``used(kind) + n > capacity(kind)`` is
-exactly "the pool would overflow". One pool holding KV and STATE reproduces the Marconi
-simulator's single cache size; one pool per kind is the deployed per-kind budgets.
+memory; the tier records only the key and ``numel() * element_size()``. Kinds are grouped
+into pools that share one byte budget (the ledger's ``TierSpec.kind_pool``): one pool
+holding KV and STATE reproduces the Marconi simulator's single cache size; one pool per
+kind is the deployed per-kind budgets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from hybrid_connector.config import TIERS, HybridConfig
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.store import ObjectStore
+from tiers.ledger import TierSpec
+from tiers.manager import TierManager
+from tiers.tier import Tier, TierStats
 
 _ONE = torch.zeros(1, dtype=torch.uint8)
 
@@ -61,84 +62,96 @@ class Budget:
         return sum(self.pools.values())
 
 
-class SizeOnlyStore(ObjectStore):
-    """Byte accounting only (see module docstring). Not thread safe; the sim is serial."""
+class SizeOnlyTier(Tier):
+    """Remembers sizes, holds no bytes: ``get`` returns zero-stride payloads of the stored
+    size. No budget of its own (the ledger's spec enforces the ``Budget``). Not thread safe:
+    the simulator is serial."""
+
+    def __init__(self, name: str = "host") -> None:
+        self.name = name
+        self._sizes: dict[ObjectKey, int] = {}
+        self._used = dict.fromkeys(ObjectKind, 0)
+        self.peak = dict.fromkeys(ObjectKind, 0)
+        self.put_bytes = dict.fromkeys(ObjectKind, 0)  # bytes of every put, cumulative
+        self._stats = TierStats(name)
+
+    def capacity(self, kind: ObjectKind) -> int:
+        return 1 << 62
+
+    def used(self, kind: ObjectKind) -> int:
+        return self._used[kind]
+
+    def contains(self, keys: Sequence[ObjectKey], pin: bool = False) -> list[bool]:
+        return [k in self._sizes for k in keys]
+
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
+        for key, payload in items:
+            n = payload.numel() * payload.element_size()
+            self._used[key.kind] += n - self._sizes.get(key, 0)
+            self._sizes[key] = n
+            self.peak[key.kind] = max(self.peak[key.kind], self._used[key.kind])
+            self.put_bytes[key.kind] += n
+        return [True] * len(items)
+
+    def get_into(self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        return [k in self._sizes for k in keys]
+
+    def get(self, keys: Sequence[ObjectKey], device: torch.device | str | None = None
+            ) -> list[torch.Tensor | None]:
+        return [zero_payload(n) if (n := self._sizes.get(k)) else None for k in keys]
+
+    def meta(self, key: ObjectKey) -> tuple[tuple[int, ...], torch.dtype, int] | None:
+        n = self._sizes.get(key)
+        return None if n is None else ((n,), torch.uint8, n)
+
+    def pin(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        return self.contains(keys)
+
+    def unpin(self, keys: Sequence[ObjectKey]) -> None:
+        pass
+
+    def remove(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        out = []
+        for k in keys:
+            n = self._sizes.pop(k, None)
+            if n is not None:
+                self._used[k.kind] -= n
+            out.append(n is not None)
+        return out
+
+    def lru(self, kind: ObjectKind) -> Iterator[ObjectKey]:
+        return iter([k for k in self._sizes if k.kind is kind])
+
+    def held_keys(self) -> list[ObjectKey]:
+        return list(self._sizes)
+
+    def stats(self) -> TierStats:
+        return self._stats
+
+
+class SizeOnlyStore(TierManager):
+    """Byte accounting only over one ``SizeOnlyTier`` (see module docstring); the ledger
+    enforces ``budget`` (pooled or per kind). Ops run inline: the sim is serial."""
 
     def __init__(self, budget: Budget, name: str = "host") -> None:
         for kind, pool in budget.kinds.items():
             if pool not in budget.pools:
                 raise ValueError(f"kind {kind.value} uses unknown pool {pool!r}")
         self.budget = budget
-        self.name = name
-        self._sizes: dict[ObjectKey, int] = {}
-        self._used = {k: 0 for k in ObjectKind}
-        self.peak = {k: 0 for k in ObjectKind}
-        self.put_bytes = {k: 0 for k in ObjectKind}  # bytes of every accepted put, cumulative
+        spec = TierSpec(name, {p: int(b) for p, b in budget.pools.items()}, dict(budget.kinds))
+        self._tier = SizeOnlyTier(name)
+        super().__init__([self._tier], inline=True, promote=False, specs=[spec])
 
-    def _pool_budget(self, kind: ObjectKind) -> int:
-        pool = self.budget.kinds.get(kind)
-        return int(self.budget.pools[pool]) if pool is not None else 0
+    @staticmethod
+    def _valid(payload: torch.Tensor) -> bool:
+        return True  # zero-stride payloads are the point: only their size is kept
 
-    def capacity(self, kind: ObjectKind) -> int:
-        pool = self.budget.kinds.get(kind)
-        if pool is None:
-            return 0
-        others = sum(
-            self._used[k] for k, p in self.budget.kinds.items() if p == pool and k is not kind
-        )
-        return max(0, self._pool_budget(kind) - others)
+    @property
+    def peak(self) -> dict[ObjectKind, int]:
+        """Most bytes held per kind at any point."""
+        return self._tier.peak
 
-    def used(self, kind: ObjectKind) -> int:
-        return self._used[kind]
-
-    def max_object_bytes(self, kind: ObjectKind) -> int:
-        return self._pool_budget(kind)
-
-    def room_kinds(self, kind: ObjectKind) -> tuple[ObjectKind, ...]:
-        pool = self.budget.kinds.get(kind)
-        return (kind, *(k for k, p in self.budget.kinds.items() if p == pool and k is not kind))
-
-    def fits(self, pending: Mapping[ObjectKind, int]) -> bool:
-        """Per pool: what its kinds use plus what is pending must fit its budget."""
-        need: dict[str, int] = {}
-        for kind, n in pending.items():
-            if n:
-                pool = self.budget.kinds.get(kind)
-                if pool is None:
-                    return False
-                need[pool] = need.get(pool, 0) + n
-        return all(
-            sum(self._used[k] for k, p in self.budget.kinds.items() if p == pool) + n
-            <= int(self.budget.pools[pool])
-            for pool, n in need.items()
-        )
-
-    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
-        out = []
-        for key, payload in items:
-            nbytes = payload.numel() * payload.element_size()
-            old = self._sizes.get(key, 0)
-            if self._used[key.kind] - old + nbytes > self.capacity(key.kind):
-                out.append(False)
-                continue
-            self._sizes[key] = nbytes
-            self._used[key.kind] += nbytes - old
-            self.peak[key.kind] = max(self.peak[key.kind], self._used[key.kind])
-            self.put_bytes[key.kind] += nbytes
-            out.append(True)
-        return out
-
-    def get(self, keys: Sequence[ObjectKey]) -> list[torch.Tensor | None]:
-        return [zero_payload(n) if (n := self._sizes.get(k)) else None for k in keys]
-
-    def where(self, keys: Sequence[ObjectKey]) -> list[str | None]:
-        return [self.name if k in self._sizes else None for k in keys]
-
-    def keys(self, kind: ObjectKind) -> list[ObjectKey]:
-        return [k for k in self._sizes if k.kind is kind]
-
-    def remove(self, keys: Sequence[ObjectKey]) -> None:
-        for k in keys:
-            n = self._sizes.pop(k, None)
-            if n is not None:
-                self._used[k.kind] -= n
+    @property
+    def put_bytes(self) -> dict[ObjectKind, int]:
+        """Bytes of every accepted put, per kind, cumulative."""
+        return self._tier.put_bytes

@@ -14,6 +14,7 @@ import hashlib
 import numpy as np
 import torch
 
+from hybrid_connector import assemble
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import load_config
 from hybrid_connector.keys import ObjectKind
@@ -82,7 +83,7 @@ def memory_store(kv=10**6, state=10**6, anchor=10**6) -> MemoryStore:
 
 def make_cache(kv=10**6, state=10**6, anchor=10**6, geo: ModelGeometry = TINY, store=None,
                **over) -> HybridCache:
-    return HybridCache(config(**over), geo, store or memory_store(kv, state, anchor))
+    return assemble.cache(config(**over), geo, store or memory_store(kv, state, anchor))
 
 
 def kv_items(toks, start: int, upto: int, geo: ModelGeometry = TINY,

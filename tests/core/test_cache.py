@@ -10,7 +10,7 @@ from cache_support import (
     save_seq,
 )
 
-from hybrid_connector.cache import HybridCache
+from hybrid_connector import assemble
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.plan import SaveItem
 from tiers.memory import MemoryStore
@@ -35,7 +35,7 @@ def test_hit_rule_examples():
     save_seq(c2, seq, states=[12, 40])
     key = [o for o in c2.lookup(np.arange(100)).kv if o.ref.start == 8][0].ref.key
     c2.store.remove([key])
-    c2._on_store_drop([key])
+    c2.store.report_dropped([key])
     assert c2.lookup(np.arange(100)).num_tokens == 0
     c2.check_integrity()
 
@@ -119,37 +119,29 @@ def test_lookup_at_exact_position_only():
 def test_fingerprint_separates_models_and_layouts():
     a = make_cache()
     store = a.store
-    b = HybridCache(a.config, GEO, store, model_id="other/weights")
-    c = HybridCache(a.config, GEO, store, layout={"block_size": 32})
+    b = assemble.cache(a.config, GEO, store, model_id="other/weights")
+    c = assemble.cache(a.config, GEO, store, layout={"block_size": 32})
     assert len({a.fingerprint, b.fingerprint, c.fingerprint}) == 3
     save_seq(a, np.arange(40), states=[40])
     assert a.lookup(np.arange(50)).num_tokens == 40 and b.lookup(np.arange(50)).num_tokens == 0
 
 
 def test_load_async_and_pins_follow_the_lease():
-    class CountingStore(MemoryStore):
-        def __init__(self, *a):
-            super().__init__(*a)
-            self.pins = 0
+    store = MemoryStore({ObjectKind.KV: 10**6, ObjectKind.STATE: 10**6, ObjectKind.ANCHOR: 0})
+    c = assemble.cache(make_cache().config, GEO, store)
 
-        def pin(self, keys):
-            self.pins += len(keys)
-            return super().pin(keys)
+    def pins():
+        return sum(e.pins for e in store.ledger.entries.values())
 
-        def unpin(self, keys):
-            self.pins -= len(keys)
-
-    store = CountingStore({ObjectKind.KV: 10**6, ObjectKind.STATE: 10**6, ObjectKind.ANCHOR: 0})
-    c = HybridCache(make_cache().config, GEO, store)
     seq = np.arange(40)
     save_seq(c, seq, states=[40])
     plan = c.lookup(np.arange(45))
     lease = c.acquire(plan)
-    assert store.pins == len(plan.objects) == 6
+    assert pins() == len(plan.objects) == 6          # pinned in the ledger: never moved
     res = c.load_async(plan).result(timeout=10)
     assert res.num_tokens == 40 and torch.equal(res.state, payload(seq, ObjectKind.STATE, 40, 40))
     c.release(lease)
-    assert store.pins == 0
+    assert pins() == 0
     c.close()
 
 
@@ -193,7 +185,7 @@ def test_one_batched_put_survives_demotion_within_the_batch():
     small = {ObjectKind.KV: 3 * CHUNK * KVB, ObjectKind.STATE: SB, ObjectKind.ANCHOR: 0}
     big = {ObjectKind.KV: 100 * CHUNK * KVB, ObjectKind.STATE: 100 * SB, ObjectKind.ANCHOR: 0}
     store = TierManager([DeviceTier(small, device="cpu"), HostTier(big)])
-    c = HybridCache(make_cache().config, GEO, store)
+    c = assemble.cache(make_cache().config, GEO, store)
     seq = np.arange(80)
     r = save_seq(c, seq, states=[40, 80])      # 10 chunks + 2 states in one put: most demoted
     assert r.stored == 12 and r.rejected == 0

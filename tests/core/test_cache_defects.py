@@ -21,14 +21,14 @@ from cache_support import (
     state_item,
 )
 
-from hybrid_connector.cache import HybridCache
+from hybrid_connector import assemble
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.plan import SaveItem
 from hybrid_connector.sim.store import Budget, SizeOnlyStore
 from tiers.device import DeviceTier
 from tiers.host import HostTier
 from tiers.manager import TierManager, build_store
-from tiers.memory import MemoryStore
+from tiers.memory import MemoryTier
 
 KVB = TINY.kv_bytes_per_token()
 SB = TINY.state_bytes()
@@ -47,11 +47,11 @@ def seq(i: int, n: int = 24) -> np.ndarray:
 # ------------------------------------------------------------------------- item 1
 def test_item1_restart_over_a_full_nvme_tier_still_accepts_saves(tmp_path: Path) -> None:
     cfg = disk_config(tmp_path / "d", kv=4 * 24 * KVB, state=4 * SB)
-    first = HybridCache(cfg, TINY, build_store(cfg))
+    first = assemble.cache(cfg, TINY, build_store(cfg))
     for i in range(4):
         assert save_seq(first, seq(i), states=[24]).stored == 4
     first.close()
-    again = HybridCache(cfg, TINY, build_store(cfg))   # same directory, empty index
+    again = assemble.cache(cfg, TINY, build_store(cfg))   # same directory, empty index
     for i in range(10, 14):
         r = save_seq(again, seq(i), states=[24])
         assert r.stored == 4 and r.rejected == 0
@@ -65,7 +65,7 @@ def test_item1_restart_over_a_full_nvme_tier_still_accepts_saves(tmp_path: Path)
 # ------------------------------------------------------------------------- item 2
 def test_item2_corrupt_leased_state_is_reported_not_raised(tmp_path: Path) -> None:
     cfg = disk_config(tmp_path / "d", kv=10**5, state=10**5)
-    c = HybridCache(cfg, TINY, build_store(cfg))
+    c = assemble.cache(cfg, TINY, build_store(cfg))
     a = seq(0)
     save_seq(c, a, states=[24])
     plan = c.lookup(np.r_[a, [5]])
@@ -136,7 +136,7 @@ def test_item4_eviction_goes_on_past_victims_that_free_nothing() -> None:
 def test_item5_pooled_budget_accounts_the_whole_batch() -> None:
     a_kv, b_kv = 24 * KVB, 24 * KVB
     store = SizeOnlyStore(Budget.pooled(a_kv + b_kv + SB + SB // 2))
-    c = HybridCache(config(), TINY, store)
+    c = assemble.cache(config(), TINY, store)
     assert save_seq(c, seq(0), states=[24]).rejected == 0
     r = save_seq(c, seq(1), states=[24])             # needs a's state evicted for room
     assert r.rejected == 0 and r.stored == 4
@@ -166,8 +166,8 @@ def test_item7_two_caches_share_one_tiered_store() -> None:
     kv, st = 2 * 24 * KVB, 2 * SB
     store = TierManager([DeviceTier({ObjectKind.KV: kv, ObjectKind.STATE: st}, device="cpu"),
                          HostTier({ObjectKind.KV: 10 * kv, ObjectKind.STATE: 10 * st})])
-    a = HybridCache(config(), TINY, store, model_id="a")
-    b = HybridCache(config(), TINY, store, model_id="b")
+    a = assemble.cache(config(), TINY, store, model_id="a")
+    b = assemble.cache(config(), TINY, store, model_id="b")
     save_seq(a, seq(0), states=[24])
     for i in range(1, 4):
         save_seq(b, seq(i), states=[24])             # pushes a's objects down to host
@@ -251,12 +251,14 @@ def test_item11_payload_sizes_are_checked_against_the_geometry() -> None:
 
 
 def test_item11_a_short_read_is_a_failed_load() -> None:
-    class HalfStore(MemoryStore):
-        def get(self, keys):
-            return [t[: t.numel() // 2] if t is not None and k.kind is ObjectKind.STATE else t
-                    for k, t in zip(keys, super().get(keys), strict=True)]
+    class HalfTier(MemoryTier):
+        """Returns half of every state (a store that lost the rest)."""
 
-    c = make_cache(store=HalfStore({k: 10**6 for k in ObjectKind}))
+        def get(self, keys, device=None):
+            return [t[: t.numel() // 2] if t is not None and k.kind is ObjectKind.STATE else t
+                    for k, t in zip(keys, super().get(keys, device), strict=True)]
+
+    c = make_cache(store=TierManager([HalfTier("half", {k: 10**6 for k in ObjectKind})]))
     a = seq(0)
     save_seq(c, a, states=[24])
     plan = c.lookup(np.r_[a, [1]])

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from cache_support import CHUNK, SAVED, TINY, config, kv_items, made_for, state_item
 
+from hybrid_connector import assemble
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.keys import ObjectKind
 from tiers.device import DeviceTier
@@ -77,12 +78,12 @@ def run(cache: HybridCache, reqs) -> dict[str, int]:
 @pytest.mark.parametrize("tiered", [False, True])
 def test_engine_driver_has_no_spurious_rejections_and_no_orphans(tiered: bool) -> None:
     kv, st = 12 * CHUNK * KVB, 6 * SB
-    if tiered:
-        half = {ObjectKind.KV: kv // 2, ObjectKind.STATE: st // 2}
+    if tiered:  # slab tiers take whole 64-byte units per object: budget in those
+        half = {ObjectKind.KV: kv // 2, ObjectKind.STATE: 3 * 64}
         store = TierManager([DeviceTier(half, device="cpu"), HostTier(half)])
     else:
         store = MemoryStore({ObjectKind.KV: kv, ObjectKind.STATE: st})
-    cache = HybridCache(config(), TINY, store)
+    cache = assemble.cache(config(), TINY, store)
     seen = run(cache, requests())
     assert seen["rejected"] == 0
     assert seen["hit_tokens"] > 0

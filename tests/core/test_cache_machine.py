@@ -28,7 +28,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hybrid_connector.cache import HybridCache
+from hybrid_connector import assemble
 from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher
 from tiers.device import DeviceTier
 from tiers.host import HostTier
@@ -60,11 +60,11 @@ class CacheMachine(RuleBasedStateMachine):
                 DeviceTier(budgets(kv, states), device="cpu"),
                 HostTier(budgets(kv, states)),
                 NvmeTier(self.dir, budgets(2 * kv, 2 * states), fsync=False),
-            ])
+            ], inline=True)  # deterministic steps (the driver and tier tests run async lanes)
         else:
             self.store = MemoryStore(budgets(kv, states))
         over = {"replay": True} if replay else {}
-        self.c = HybridCache(config(**over), TINY, self.store)
+        self.c = assemble.cache(config(**over), TINY, self.store)
         self.leases = []
         self.seqs = []
         self.lost: set = set()      # indexed keys removed behind the cache's back
@@ -124,7 +124,7 @@ class CacheMachine(RuleBasedStateMachine):
             event("load failed")
             assert res.num_tokens == 0 and res.state is None
             for ref in res.failed:                    # unindexed, or doomed until released
-                assert ref.key not in self.c._where or ref.key in self.c._doomed
+                assert ref.key not in self.c.index.where or ref.key in self.c.index.doomed
         else:
             event("exact hit" if plan.exact else "replay hit")
             assert res.num_tokens == p
@@ -156,14 +156,14 @@ class CacheMachine(RuleBasedStateMachine):
         """After a save, none of its objects is indexed but absent from the store."""
         h = PrefixHasher(toks, self.c.config.hash_block_size)
         keys = [ObjectKey(self.c.fingerprint, h.at(i.end), i.kind, i.start, i.end) for i in items]
-        keys = [k for k in keys if k in self.c._where and k not in self.c._doomed]
+        keys = [k for k in keys if k in self.c.index.where and k not in self.c.index.doomed]
         assert all(w is not None for w in self.store.where(keys))
 
     # ------------------------------------------------------------------ faults
     def _indexed(self):
-        return sorted(self.c._where, key=lambda k: (k.kind.value, k.start, k.end, k.prefix))
+        return sorted(self.c.index.where, key=lambda k: (k.kind.value, k.start, k.end, k.prefix))
 
-    @precondition(lambda self: hasattr(self, "c") and self.c._where)
+    @precondition(lambda self: hasattr(self, "c") and self.c.index.where)
     @rule(data=st.data(), what=st.sampled_from(["silent loss", "reported drop", "corrupt file"]))
     def fault(self, data, what):
         """The store loses an object and tells nobody (a restarted remote), drops one on
@@ -182,7 +182,7 @@ class CacheMachine(RuleBasedStateMachine):
         if what == "silent loss":
             self.lost.add(key)
         else:
-            self.store._report_dropped([key])
+            self.store.report_dropped([key])
 
     # ------------------------------------------------------------------ invariants
     @invariant()
@@ -195,11 +195,11 @@ class CacheMachine(RuleBasedStateMachine):
             for t in getattr(self.store, "tiers", ()):
                 assert t.used(k) <= t.capacity(k)
         held = {k for kind in ObjectKind for k in self.store.keys(kind)}
-        assert held <= set(self.c._where)            # nothing stored that the index forgot
-        indexed = sorted(self.c._where, key=str)
+        assert held <= set(self.c.index.where)            # nothing stored that the index forgot
+        indexed = sorted(self.c.index.where, key=str)
         absent = {k for k, w in zip(indexed, self.store.where(indexed), strict=True) if w is None}
         # the index lags the store only where a fault was injected (or a drop is deferred)
-        assert absent <= self.lost | self.c._doomed
+        assert absent <= self.lost | self.c.index.doomed
         self.lost = absent
         for k in ObjectKind:
             gone = sum(self.c.expected_nbytes(k, key.start, key.end) for key in absent

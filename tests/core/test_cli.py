@@ -66,15 +66,15 @@ def test_demo_fails_on_a_corrupt_load(capsys, monkeypatch):
 
     def corrupting_store(cfg, device=None):
         store = real(cfg, device)
-        get = store.get
+        read = store.executor.read
 
-        def flip_first_byte(keys):
-            out = [None if t is None else t.clone() for t in get(keys)]
+        def flip_first_byte(keys, hints=None):
+            out = [None if t is None else t.clone() for t in read(keys, hints)]
             if out and out[0] is not None:
                 out[0][0] ^= 1
             return out
 
-        store.get = flip_first_byte
+        store.executor.read = flip_first_byte  # what every load reads through
         return store
 
     monkeypatch.setattr(tiers.manager, "build_store", corrupting_store)

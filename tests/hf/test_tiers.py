@@ -50,7 +50,7 @@ def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
     tiers = {o.tier for o in plan.objects}
     assert "nvme" in tiers, f"expected objects demoted to nvme, got {tiers}"
     # Puts land in the device tier; only demotion (device -> host -> nvme) reaches nvme.
-    assert sum(store.mstats.demotions.values()) > 0
+    assert sum(store.stats()["demotions"].values()) > 0
 
     rc = rt.prefill(probe_tokens)
     assert rc.info.hit_tokens == 70 and rc.info.exact

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hybrid_connector import assemble
 from hybrid_connector.config import load_config
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.policies import build
@@ -150,7 +151,7 @@ def test_default_cache_with_marconi_runs_and_tunes(geo) -> None:
     cfg = load_config(None, {"eviction": "marconi", "chunk_size": 256, "hash_block_size": 256,
                              "alignment": 1, "bootstrap_multiplier": 2, "alpha_grid": [0.0, 1.0]},
                       environ={})
-    pol = build.eviction(cfg)
+    pol = assemble.policies(cfg).eviction   # with the simulator's replayer injected
     assert isinstance(pol, MarconiEviction)
     sim = Simulator(cfg, geo, Budget.pooled(int(0.6e9)), eviction=pol)
     recs = multi_turn_chat(30, 5, 5, lengths="sharegpt", as_arrays=True)

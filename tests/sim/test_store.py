@@ -24,16 +24,22 @@ def test_zero_payload_reports_bytes_without_holding_them() -> None:
 def test_pooled_capacity_is_shared_between_kv_and_state() -> None:
     s = SizeOnlyStore(Budget.pooled(1000, anchor=100))
     assert s.put([(key(ObjectKind.KV, 1), zero_payload(600))]) == [True]
-    assert s.capacity(ObjectKind.STATE) == 400
-    assert s.put([(key(ObjectKind.STATE, 2), zero_payload(500))]) == [False]
+    assert s.ledger.fits({ObjectKind.STATE: 400}) and not s.ledger.fits({ObjectKind.STATE: 401})
     assert s.put([(key(ObjectKind.STATE, 2), zero_payload(400))]) == [True]
-    assert s.capacity(ObjectKind.KV) == 600 and s.used(ObjectKind.KV) == 600
-    assert s.capacity(ObjectKind.ANCHOR) == 100
+    assert s.used(ObjectKind.KV) == 600 and not s.ledger.fits({ObjectKind.KV: 1})
+    dropped = []
+    s.set_drop_listener(dropped.extend)
+    assert s.put([(key(ObjectKind.STATE, 3), zero_payload(500))]) == [True]  # the pool's LRU goes
+    assert dropped == [key(ObjectKind.KV, 1)] and s.used(ObjectKind.KV) == 0
+    assert s.put([(key(ObjectKind.KV, 1), zero_payload(600))]) == [True]
+    assert dropped == [key(ObjectKind.KV, 1), key(ObjectKind.STATE, 2), key(ObjectKind.STATE, 3)]
+    assert s.ledger.room_kinds(ObjectKind.STATE) == (ObjectKind.STATE, ObjectKind.KV)
+    assert s.ledger.fits({ObjectKind.ANCHOR: 100})
     assert s.where([key(ObjectKind.KV, 1), key(ObjectKind.KV, 9)]) == ["host", None]
-    got = s.get([key(ObjectKind.STATE, 2)])[0]
-    assert got is not None and got.numel() == 400
+    got = s.get([key(ObjectKind.KV, 1)])[0]
+    assert got is not None and got.numel() == 600
     s.remove([key(ObjectKind.KV, 1), key(ObjectKind.KV, 9)])
-    assert s.used(ObjectKind.KV) == 0 and s.capacity(ObjectKind.STATE) == 1000
+    assert s.used(ObjectKind.KV) == 0 and s.ledger.fits({ObjectKind.STATE: 1000})
     assert s.peak[ObjectKind.KV] == 600
 
 

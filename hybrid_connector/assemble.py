@@ -1,0 +1,54 @@
+"""The composition root: every entry point (demo, simulator, transformers runtime, engine
+integrations, cache server) builds its policies, stores, indexes and caches here, from one
+validated config. Nothing below this module imports a factory: the index receives its
+policies, the policies receive the alpha tuner's replayer.
+
+* ``policies(config)``: eviction (with the simulator's replayer for ``alpha: auto``) and
+  admission.
+* ``store(config)``: the tiered store the config describes (``TierManager``).
+* ``cache(config, geometry)``: an embedded ``HybridCache`` (index + this process's bytes).
+* ``index(config, geometry, backend)``: an index alone, for a process whose bytes live
+  elsewhere (a vLLM scheduler, the cache server's front).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hybrid_connector.cache import HybridCache
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.index import CacheIndex, Policies
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.policies import build
+from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
+from hybrid_connector.sim.replay import default_replayer_factory
+from tiers.backend import Backend
+from tiers.manager import TierManager, build_store
+
+
+def policies(config: HybridConfig, eviction: EvictionPolicy | None = None,
+             admission: AdmissionPolicy | None = None) -> Policies:
+    """The configured policies; ``eviction``/``admission`` override one of them."""
+    return Policies(eviction or build.eviction(config, default_replayer_factory),
+                    admission or build.admission(config))
+
+
+def store(config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
+    """The tiers the config describes (device, host, NVMe, remote), in this process."""
+    return build_store(config, device=device)
+
+
+def cache(config: HybridConfig, geometry: ModelGeometry, backend: Backend | None = None, *,
+          eviction: EvictionPolicy | None = None, admission: AdmissionPolicy | None = None,
+          layout: dict[str, object] | None = None, model_id: str = "") -> HybridCache:
+    """An embedded cache over ``backend`` (default: the config's tiers)."""
+    return HybridCache(config, geometry, backend if backend is not None else store(config),
+                       policies(config, eviction, admission), layout=layout, model_id=model_id)
+
+
+def index(config: HybridConfig, geometry: ModelGeometry, backend: Backend, *,
+          eviction: EvictionPolicy | None = None, admission: AdmissionPolicy | None = None,
+          layout: dict[str, object] | None = None, model_id: str = "") -> CacheIndex:
+    """An index alone over ``backend`` (its ops run wherever the bytes are)."""
+    return CacheIndex(config, geometry, backend, policies(config, eviction, admission),
+                      layout=layout, model_id=model_id)

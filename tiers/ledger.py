@@ -1,0 +1,495 @@
+"""The ledger: which tier holds each object, per-tier per-kind budgets, and the placement
+decisions (where a new object goes, which objects are demoted or dropped to make room).
+
+It is metadata only and runs where the index runs (scheduler process, cache server,
+embedded); the bytes live in the tiers of one or more worker processes, which carry out the
+``tiers.ops`` the ledger emits (every tensor-parallel rank runs the same ops on its shard,
+so the ledger is the one truth of what is where).
+
+Placement rules (the ones ``TierManager`` documents, decided here):
+
+* Local tiers are exclusive: an object lives in exactly one of them. A new object goes to
+  the fastest local tier whose pool for its kind can hold it, making room there by moving
+  that pool's least recently used, unpinned, ready objects down: a victim is demoted to the
+  next tier that can hold it when ``merits(key)`` agrees (making room there recursively),
+  else it leaves the local tiers; it is then dropped (``dropped``: the index must forget
+  it) unless a copy sits on the shared tier, where it stays indexed.
+* The shared tier (a remote store other instances use too) holds copies: every object is
+  written through to it, it is never removed from, and its budget only bounds how many
+  shared-only objects this index keeps track of (forgetting one deletes nothing).
+* A budget may be shared by several kinds (``TierSpec.kind_pool``: the simulator's single
+  cache size); by default each kind has its own pool, so anchor or state pressure never
+  evicts KV.
+* Pending objects (a put in flight) count against budgets and are never victims; pinned
+  objects are never moved or dropped.
+
+Not thread safe: the owner (the index) serialises calls under its lock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers.ops import Move, Op, Put, Remove, Take
+
+Merits = Callable[[ObjectKey], bool]
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One tier as the ledger sees it. ``pools``: budget bytes by pool name; ``kind_pool``:
+    the pool each kind uses (a kind without one is not stored here). ``slow``: reads are
+    async (disk, remote). ``shared``: a store other instances share (see module doc)."""
+
+    name: str
+    pools: Mapping[str, int]
+    kind_pool: Mapping[ObjectKind, str]
+    slow: bool = False
+    shared: bool = False
+    grains: Mapping[str, int] = field(default_factory=dict)  # pool -> allocation unit
+
+    @classmethod
+    def per_kind(cls, name: str, budgets: Mapping[ObjectKind, int], slow: bool = False,
+                 shared: bool = False, grains: Mapping[ObjectKind, int] | None = None
+                 ) -> TierSpec:
+        """One pool per kind (kinds with a 0 budget are not stored); ``grains``: the
+        allocation unit of each kind's pool (default 1 byte)."""
+        return cls(name, {k.value: int(v) for k, v in budgets.items() if v},
+                   {k: k.value for k, v in budgets.items() if v}, slow, shared,
+                   {k.value: int(g) for k, g in (grains or {}).items() if budgets.get(k)})
+
+    def grain(self, kind: ObjectKind) -> int:
+        return int(self.grains.get(self.kind_pool.get(kind, ""), 1))
+
+    def size(self, kind: ObjectKind, nbytes: int) -> int:
+        """Bytes an object of ``kind`` and ``nbytes`` takes in this tier's pool."""
+        g = self.grain(kind)
+        return (max(nbytes, 1) + g - 1) // g * g
+
+    def budget(self, kind: ObjectKind) -> int:
+        pool = self.kind_pool.get(kind)
+        return int(self.pools[pool]) if pool is not None else 0
+
+
+@dataclass
+class Entry:
+    """What the ledger knows of one object. ``tier``: the local tier holding it (None:
+    only a shared copy); ``shared``: a copy is (being) written to the shared tier."""
+
+    key: ObjectKey
+    nbytes: int
+    tier: str | None
+    shared: bool = False
+    pending: bool = True  # the local put (or, shared-only, the shared put) is in flight
+    shared_pending: bool = False
+    pins: int = 0
+
+
+@dataclass
+class _Tier:
+    spec: TierSpec
+    used: dict[str, int] = field(default_factory=dict)
+    lru: OrderedDict[ObjectKey, None] = field(default_factory=OrderedDict)
+
+    def pool_used(self, kind: ObjectKind) -> int:
+        return self.used.get(self.spec.kind_pool.get(kind, ""), 0)
+
+    def fits(self, kind: ObjectKind, nbytes: int) -> bool:
+        return self.pool_used(kind) + self.spec.size(kind, nbytes) <= self.spec.budget(kind)
+
+    def holds(self, kind: ObjectKind, nbytes: int) -> bool:
+        """Could the pool hold such an object at all (when empty)?"""
+        return self.spec.size(kind, nbytes) <= self.spec.budget(kind) and kind in self.spec.kind_pool
+
+    def charge(self, key: ObjectKey, nbytes: int) -> None:
+        pool = self.spec.kind_pool[key.kind]
+        self.used[pool] = self.used.get(pool, 0) + self.spec.size(key.kind, nbytes)
+        self.lru[key] = None
+
+    def free(self, key: ObjectKey, nbytes: int) -> None:
+        pool = self.spec.kind_pool[key.kind]
+        self.used[pool] -= self.spec.size(key.kind, nbytes)
+        self.lru.pop(key, None)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Result of a placement decision: the ops to run (in order) and the keys that left
+    every tier (the index forgets them). ``tier``: where the object went (None: nowhere)."""
+
+    tier: str | None
+    ops: tuple[Op, ...] = ()
+    dropped: tuple[ObjectKey, ...] = ()
+
+
+class Ledger:
+    """Budgets and locations of every object; see the module docstring."""
+
+    def __init__(self, specs: Sequence[TierSpec], merits: Merits | None = None) -> None:
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tier names must be unique, got {names}")
+        if sum(s.shared for s in specs) > 1:
+            raise ValueError("at most one shared tier")
+        self.merits = merits
+        self._local = [_Tier(s) for s in specs if not s.shared]
+        shared = [_Tier(s) for s in specs if s.shared]
+        self._shared = shared[0] if shared else None
+        self._by_name = {t.spec.name: t for t in [*self._local, *shared]}
+        self.entries: dict[ObjectKey, Entry] = {}
+        self._budget: dict[str, int] = {}  # pool name -> bytes over all tiers
+        for t in self._tiers():
+            for pool, b in t.spec.pools.items():
+                self._budget[pool] = self._budget.get(pool, 0) + int(b)
+        self._tracked: dict[str, int] = {}  # pool name -> bytes of the entries using it
+        self._grain: dict[str, int] = {}  # pool -> coarsest allocation unit over the tiers
+        for t in self._tiers():
+            for pool in t.spec.pools:
+                self._grain[pool] = max(self._grain.get(pool, 1), int(t.spec.grains.get(pool, 1)))
+        self._kind_used = dict.fromkeys(ObjectKind, 0)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def specs(self) -> list[TierSpec]:
+        return [t.spec for t in self._by_name.values()]
+
+    @property
+    def shared_tier(self) -> str | None:
+        return self._shared.spec.name if self._shared else None
+
+    def spec(self, name: str) -> TierSpec:
+        return self._by_name[name].spec
+
+    def where(self, key: ObjectKey) -> str | None:
+        """The tier to read ``key`` from (its local tier, else the shared tier when a copy
+        is confirmed there), or None (absent or not yet written)."""
+        e = self.entries.get(key)
+        if e is None or e.pending:
+            return None
+        if e.tier is not None:
+            return e.tier
+        if self._shared and e.shared and not e.shared_pending:
+            return self._shared.spec.name
+        return None
+
+    def is_pending(self, key: ObjectKey) -> bool:
+        e = self.entries.get(key)
+        return e is not None and e.pending
+
+    def _tiers(self) -> list[_Tier]:
+        return [*self._local, *([self._shared] if self._shared else [])]
+
+    def capacity(self, kind: ObjectKind) -> int:
+        """Bytes of ``kind`` the ledger tracks at most (every tier's pool of that kind)."""
+        return sum(t.spec.budget(kind) for t in self._tiers())
+
+    def used(self, kind: ObjectKind) -> int:
+        """Bytes of ``kind`` tracked now (pending included), whatever tier they sit in."""
+        return self._kind_used[kind]
+
+    def max_object_bytes(self, kind: ObjectKind) -> int:
+        """The largest object of ``kind`` any one tier's pool could hold."""
+        return max((t.spec.budget(kind) // t.spec.grain(kind) * t.spec.grain(kind)
+                    for t in self._tiers() if kind in t.spec.kind_pool), default=0)
+
+    def room_kinds(self, kind: ObjectKind) -> tuple[ObjectKind, ...]:
+        """``kind`` and the kinds sharing a pool with it in some tier (evicting them makes
+        room for it)."""
+        out = [kind]
+        for t in self._tiers():
+            pool = t.spec.kind_pool.get(kind)
+            out += [k for k, p in t.spec.kind_pool.items() if p == pool and k not in out]
+        return tuple(out)
+
+    def fits(self, pending: Mapping[ObjectKind, int]) -> bool:
+        """Whether ``pending`` more bytes per kind fit in the tiers' pools together (pool by
+        pool, over all tiers; placement may still have to demote to find the room)."""
+        need = dict(self._tracked)
+        for kind, n in pending.items():
+            if n:
+                pool = self._pool_name(kind)
+                need[pool] = need.get(pool, 0) + self._charged(pool, n)
+        return all(n <= self._budget.get(pool, 0) for pool, n in need.items())
+
+    def _add(self, e: Entry) -> None:
+        self.entries[e.key] = e
+        pool = self._pool_name(e.key.kind)
+        self._tracked[pool] = self._tracked.get(pool, 0) + self._charged(pool, e.nbytes)
+        self._kind_used[e.key.kind] += e.nbytes
+
+    def _forget(self, key: ObjectKey) -> Entry:
+        e = self.entries.pop(key)
+        pool = self._pool_name(key.kind)
+        self._tracked[pool] -= self._charged(pool, e.nbytes)
+        self._kind_used[key.kind] -= e.nbytes
+        return e
+
+    def _charged(self, pool: str, nbytes: int) -> int:
+        g = self._grain.get(pool, 1)
+        return (max(nbytes, 1) + g - 1) // g * g
+
+    def _pool_name(self, kind: ObjectKind) -> str:
+        for t in self._tiers():
+            if kind in t.spec.kind_pool:
+                return t.spec.kind_pool[kind]
+        return kind.value
+
+    def held(self, tier: str | None = None) -> list[ObjectKey]:
+        """Keys held (ready) in ``tier`` (all tiers when None), least recently used first."""
+        tiers = self._tiers() if tier is None else [self._by_name[tier]]
+        return [k for t in tiers for k in t.lru if not self.entries[k].pending]
+
+    # ------------------------------------------------------------------ placement
+    def place(self, key: ObjectKey, nbytes: int) -> Placement:
+        """Reserve room for a new object (pending until ``commit``): ops to make room, then a
+        ``Put`` to the chosen local tier and, with a shared tier, a ``Put`` of the copy
+        there. Raises KeyError when ``key`` is already in the ledger."""
+        if key in self.entries:
+            raise KeyError(f"{key} is already placed")
+        ops: list[Op] = []
+        dropped: list[ObjectKey] = []
+        exclude = {key}
+        for i, t in enumerate(self._local):
+            if t.holds(key.kind, nbytes) and self._make_room(i, key.kind, nbytes, ops,
+                                                                     dropped, exclude):
+                copy = self._shared is not None
+                self._add(Entry(key, nbytes, t.spec.name, shared=copy, shared_pending=copy))
+                t.charge(key, nbytes)
+                ops.append(Put(key, t.spec.name))
+                if self._shared is not None:
+                    ops.append(Put(key, self._shared.spec.name))
+                return Placement(t.spec.name, tuple(ops), tuple(dropped))
+        sh = self._shared
+        if sh is not None and sh.holds(key.kind, nbytes) and self._room_shared(
+                key.kind, nbytes, dropped, exclude):
+            self._add(Entry(key, nbytes, None, shared=True, shared_pending=True))
+            sh.charge(key, nbytes)
+            ops.append(Put(key, sh.spec.name))
+            return Placement(sh.spec.name, tuple(ops), tuple(dropped))
+        return Placement(None, tuple(ops), tuple(dropped))
+
+    def _victim(self, t: _Tier, kind: ObjectKind, exclude: set[ObjectKey]) -> ObjectKey | None:
+        pool = t.spec.kind_pool.get(kind)
+        for k in t.lru:
+            e = self.entries[k]
+            if (t.spec.kind_pool.get(k.kind) == pool and not e.pending and not e.pins
+                    and k not in exclude):
+                return k
+        return None
+
+    def _make_room(self, i: int, kind: ObjectKind, nbytes: int, ops: list[Op],
+                   dropped: list[ObjectKey], exclude: set[ObjectKey]) -> bool:
+        t = self._local[i]
+        while not t.fits(kind, nbytes):
+            victim = self._victim(t, kind, exclude)
+            if victim is None:
+                return False
+            self._evict(i, victim, ops, dropped, exclude)
+        return True
+
+    def _evict(self, i: int, key: ObjectKey, ops: list[Op], dropped: list[ObjectKey],
+               exclude: set[ObjectKey]) -> None:
+        """Move ``key`` out of local tier ``i``: down if it merits and fits, else off the
+        local tiers (kept as a shared copy when there is one, else dropped)."""
+        e = self.entries[key]
+        src = self._local[i]
+        merits = self.merits is None or self.merits(key)
+        for j in range(i + 1, len(self._local)):
+            dst = self._local[j]
+            if not merits or not dst.holds(key.kind, e.nbytes):
+                continue
+            if self._make_room(j, key.kind, e.nbytes, ops, dropped, exclude | {key}):
+                src.free(key, e.nbytes)
+                dst.charge(key, e.nbytes)
+                e.tier = dst.spec.name
+                ops.append(Move(key, src.spec.name, dst.spec.name))
+                return
+        src.free(key, e.nbytes)
+        ops.append(Remove(key, src.spec.name))
+        e.tier = None
+        self._keep_shared_or_drop(e, dropped, exclude)
+
+    def _keep_shared_or_drop(self, e: Entry, dropped: list[ObjectKey],
+                             exclude: set[ObjectKey]) -> None:
+        """``e`` left the local tiers: track it as shared-only when it has a shared copy
+        and there is room for that, else forget it (reported in ``dropped``)."""
+        sh = self._shared
+        if (e.shared and sh is not None and sh.holds(e.key.kind, e.nbytes)
+                and self._room_shared(e.key.kind, e.nbytes, dropped, exclude | {e.key})):
+            sh.charge(e.key, e.nbytes)
+            return
+        self._forget(e.key)
+        dropped.append(e.key)
+
+    def _room_shared(self, kind: ObjectKind, nbytes: int, dropped: list[ObjectKey],
+                     exclude: set[ObjectKey]) -> bool:
+        """Room to track ``nbytes`` more shared-only objects: forget the oldest ones (no op:
+        the shared copies stay for whoever else uses them)."""
+        sh = self._shared
+        assert sh is not None
+        while not sh.fits(kind, nbytes):
+            victim = self._victim(sh, kind, exclude)
+            if victim is None:
+                return False
+            sh.free(victim, self._forget(victim).nbytes)
+            dropped.append(victim)
+        return True
+
+    def commit(self, key: ObjectKey, ok: bool, shared: bool = False) -> bool:
+        """Outcome of one of a placed object's puts: its local copy, or (``shared``) its
+        copy on the shared tier. Returns whether the object is still usable; when it is
+        not, the ledger forgot it (a failed put leaves no bytes behind). A failed local put
+        with a shared copy in flight leaves a shared-only object, pending until that put
+        reports."""
+        e = self.entries.get(key)
+        if e is None:
+            return False
+        if shared:
+            e.shared, e.shared_pending = ok, False
+            if e.tier is None:
+                if not ok:
+                    self._drop_shared_only(e)
+                    return False
+                e.pending = False
+            return True
+        if e.tier is not None and not ok:
+            t = self._by_name[e.tier]
+            t.free(key, e.nbytes)
+            e.tier = None
+            if e.shared and self._shared is not None:
+                self._shared.charge(key, e.nbytes)  # tracked there until its put reports
+                return True
+            self._forget(key)
+            return False
+        if e.tier is not None:
+            e.pending = False
+        return True
+
+    def _drop_shared_only(self, e: Entry) -> None:
+        if self._shared is not None and e.key in self._shared.lru:
+            self._shared.free(e.key, e.nbytes)
+        self._forget(e.key)
+
+    def adopt(self, key: ObjectKey, nbytes: int, tier: str) -> bool:
+        """Account an object a tier already holds (found at start, a warm restart) as ready
+        in ``tier``; False (nothing recorded) when its pool has no room left."""
+        t = self._by_name.get(tier)
+        if t is None or key in self.entries or not t.fits(key.kind, nbytes):
+            return False
+        t.charge(key, nbytes)
+        shared = t.spec.shared
+        self._add(Entry(key, nbytes, None if shared else tier, shared=shared, pending=False))
+        return True
+
+    # ------------------------------------------------------------------ lifecycle
+    def remove(self, key: ObjectKey) -> tuple[Op, ...]:
+        """Forget ``key`` (the index evicted it); the ops delete its local copy (a shared
+        copy is left alone). Unknown keys: no ops."""
+        if key not in self.entries:
+            return ()
+        e = self._forget(key)
+        ops: tuple[Op, ...] = ()
+        if e.tier is not None:
+            self._by_name[e.tier].free(key, e.nbytes)
+            ops = (Remove(key, e.tier),)
+        if self._shared is not None and key in self._shared.lru:
+            self._shared.free(key, e.nbytes)
+        return ops
+
+    def lost(self, key: ObjectKey, tier: str | None = None) -> Placement:
+        """The copy in ``tier`` (default: the one reads use) is gone or bad: forget that
+        copy, and the object when no copy is left (then in ``dropped``). The ops remove
+        what may remain of a bad local copy."""
+        e = self.entries.get(key)
+        if e is None:
+            return Placement(None)
+        tier = tier or self.where(key)
+        sh = self._shared
+        if sh is not None and tier == sh.spec.name:
+            e.shared = False
+            if e.tier is None:
+                self._drop_shared_only(e)
+                return Placement(None, (), (key,))
+            return Placement(e.tier)
+        if e.tier is None or e.tier != tier:
+            return Placement(self.where(key))
+        self._by_name[e.tier].free(key, e.nbytes)
+        ops: tuple[Op, ...] = (Remove(key, e.tier),)
+        e.tier = None
+        dropped: list[ObjectKey] = []
+        self._keep_shared_or_drop(e, dropped, set())
+        return Placement(self.where(key), ops, tuple(dropped))
+
+    def pin(self, keys: Iterable[ObjectKey], delta: int = 1) -> None:
+        """Add ``delta`` pins to each known key (pinned objects are never moved or dropped)."""
+        for k in keys:
+            e = self.entries.get(k)
+            if e is not None:
+                e.pins = max(0, e.pins + delta)
+
+    def touch(self, keys: Iterable[ObjectKey]) -> None:
+        """Mark the keys most recently used in their tier."""
+        for k in keys:
+            e = self.entries.get(k)
+            t = self._by_name.get(e.tier) if e and e.tier else self._shared
+            if t is not None and k in t.lru:
+                t.lru.move_to_end(k)
+
+    def promote(self, key: ObjectKey) -> Placement:
+        """Move a ready, unpinned object read from a slower tier into the fastest tier that
+        can take it: ``Take`` it out of its tier first (so the demotions that make room may
+        use what it leaves), then ``Put`` it up. No ops when nothing faster can take it."""
+        e = self.entries.get(key)
+        if e is None or e.pending or e.pins:
+            return Placement(None)
+        here = next((i for i, t in enumerate(self._local) if t.spec.name == e.tier),
+                    len(self._local))
+        targets = [i for i in range(here) if self._local[i].holds(key.kind, e.nbytes)]
+        if not targets:
+            return Placement(e.tier)
+        src = e.tier or (self._shared.spec.name if self._shared else "")
+        if e.tier is not None:
+            self._by_name[e.tier].free(key, e.nbytes)
+        elif self._shared is not None:
+            self._shared.free(key, e.nbytes)
+        e.tier = None
+        ops: list[Op] = [Take(key, src)]
+        dropped: list[ObjectKey] = []
+        for i in targets:
+            t = self._local[i]
+            if self._make_room(i, key.kind, e.nbytes, ops, dropped, {key}):
+                t.charge(key, e.nbytes)
+                e.tier = t.spec.name
+                ops.append(Put(key, t.spec.name))
+                return Placement(t.spec.name, tuple(ops), tuple(dropped))
+        # No room after all (everything pinned): put it back where it was.
+        back = self._by_name.get(src)
+        if back is not None and not back.spec.shared and back.fits(key.kind, e.nbytes):
+            back.charge(key, e.nbytes)
+            e.tier = src
+            ops.append(Put(key, src))
+        else:
+            self._keep_shared_or_drop(e, dropped, {key})
+        return Placement(e.tier, tuple(ops), tuple(dropped))
+
+    def check(self) -> None:
+        """Recompute every tier's usage from the entries; raise AssertionError if off."""
+        for t in self._tiers():
+            used: dict[str, int] = {}
+            for k in t.lru:
+                pool = t.spec.kind_pool[k.kind]
+                used[pool] = used.get(pool, 0) + t.spec.size(k.kind, self.entries[k].nbytes)
+            for pool, b in t.spec.pools.items():
+                assert used.get(pool, 0) == t.used.get(pool, 0), f"{t.spec.name}.{pool} usage"
+                assert t.used.get(pool, 0) <= b, f"{t.spec.name}.{pool} over budget"
+        tracked: dict[str, int] = {}
+        for k, e in self.entries.items():
+            homes = [t.spec.name for t in self._tiers() if k in t.lru]
+            want = [e.tier] if e.tier else [self._shared.spec.name] if self._shared else []
+            assert homes == want, f"{k}: in {homes}, ledger says {want}"
+            pool = self._pool_name(k.kind)
+            tracked[pool] = tracked.get(pool, 0) + self._charged(pool, e.nbytes)
+        assert all(tracked.get(p, 0) == n for p, n in self._tracked.items()), "tracked bytes"

@@ -79,8 +79,54 @@ def _layer_kind(name: str, arch: str, i: int) -> MixerKind:
     raise ValueError(f"{arch}: layer {i} has unsupported layer type {name!r}")
 
 
+_ATTENTION_LAYER_TYPES = frozenset({
+    "full_attention", "attention", "sliding_attention", "chunked_attention", "indexed_attention",
+    "hybrid", "hybrid_sliding",
+})  # fmt: skip
+
+
+def refuse_unsupported_attention(cfg: Any) -> None:
+    """Raise ValueError, naming the architecture, the first such layer and why, for a config
+    whose attention layers a KV chunk cannot hold, whatever the architecture:
+
+    * indexed attention (``layer_types`` entry ``"indexed_attention"``: DSA sparse attention,
+      GLM-5-Next, Qwen4-Exp, DeepSeek-V3.2): the cache layer also holds indexer keys;
+    * multi-head latent attention (``kv_lora_rank``, Kimi Linear, Bailing hybrid, DeepSeek)
+      or a V head size other than the QK head size (``v_head_dim``): K and V have different
+      head sizes, and a KV chunk holds one head shape for both.
+    """
+    mt = str(getattr(cfg, "model_type", ""))
+    text = getattr(cfg, "text_config", None) or cfg  # multimodal wrappers: the decoder's
+    types = [str(t) for t in (getattr(text, "layer_types", None) or [])]
+    indexed = [i for i, t in enumerate(types) if t == "indexed_attention"]
+    if indexed:
+        raise ValueError(
+            f"{mt}: layer {indexed[0]} is indexed attention (sparse attention with a DSA indexer; "
+            f"{len(indexed)} such layers): its cache also holds indexer keys, which KV chunks "
+            "neither save nor restore; not supported")
+    lora = getattr(text, "kv_lora_rank", None)
+    v_dim = getattr(text, "v_head_dim", None)
+    qk_dim = getattr(text, "qk_head_dim", None)
+    if qk_dim is None and getattr(text, "qk_nope_head_dim", None) is not None:
+        qk_dim = int(text.qk_nope_head_dim) + int(_cfg_get(text, "qk_rope_head_dim", 0))
+    if qk_dim is None:
+        qk_dim = getattr(text, "head_dim", None)
+    why = []
+    if lora:
+        why.append(f"multi-head latent attention, kv_lora_rank={lora}")
+    if v_dim is not None and qk_dim is not None and int(v_dim) != int(qk_dim):
+        why.append(f"QK head size {qk_dim} != V head size {v_dim}")
+    if why:
+        first = next((i for i, t in enumerate(types) if t in _ATTENTION_LAYER_TYPES), 0)
+        raise ValueError(
+            f"{mt}: layer {first} is attention whose K and V head sizes differ ({'; '.join(why)}),"
+            " and a KV chunk holds one head shape for both; not supported")
+
+
 def geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
-    """Translate one transformers config into ModelGeometry keyword arguments."""
+    """Translate one transformers config into ModelGeometry keyword arguments. Raises
+    ValueError for an unsupported architecture or attention (:func:`refuse_unsupported_attention`)."""
+    refuse_unsupported_attention(cfg)
     text = getattr(cfg, "text_config", None)
     mt = str(getattr(cfg, "model_type", ""))
     if text is not None and mt in ("qwen3_5", "qwen3_5_moe"):

@@ -5,7 +5,9 @@ model's device but no GPU run has been made): Qwen3.5 (text), Qwen3-Next, Nemotr
 Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2, i.e. every family whose cache is a
 ``DynamicCache`` of ``DynamicLayer`` / ``LinearAttentionLayer`` /
 ``LinearAttentionAndFullAttentionLayer`` objects (see ``hf_state``). Not supported: batches,
-padding masks, sliding-window attention layers, static caches.
+padding masks, static caches, and layers a KV chunk cannot hold: sliding-window attention,
+indexed (DSA) attention, K and V of different head sizes (multi-head latent attention, as in
+Kimi Linear); ``create`` and the constructor refuse those with a ValueError naming the layer.
 
 One request, as :meth:`HFRuntime.prefill` runs it::
 

@@ -84,7 +84,9 @@ class HFStateAdapter:
     """Layout of one model's cache and conversions to/from connector payloads.
 
     Raises ValueError at construction when the model's cache does not have the layer kinds
-    the geometry says (wrong geometry, or a cache class this adapter does not know).
+    the geometry says (wrong geometry, or a cache class this adapter does not know), or has
+    a layer a KV chunk cannot hold: sliding-window attention, indexed (DSA) attention, or K
+    and V of different head shapes (multi-head latent attention).
     """
 
     def __init__(self, model: Any, geometry: ModelGeometry) -> None:
@@ -115,9 +117,7 @@ class HFStateAdapter:
         att: list[AttentionSlot] = []
         rec: list[RecurrentSlot] = []
         for i, layer in enumerate(cache.layers):
-            if getattr(layer, "is_sliding", False):
-                raise ValueError(f"{type(self.model).__name__}: layer {i} is sliding-window "
-                                 "attention, which the adapter does not support")
+            self._refuse_layer(i, layer)
             keys = getattr(layer, "keys", None)
             if isinstance(keys, torch.Tensor) and keys.numel() > 0:
                 att.append(AttentionSlot(i, int(keys.shape[1]), int(keys.shape[3]), keys.dtype))
@@ -134,6 +134,27 @@ class HFStateAdapter:
                         r.dtype if r is not None else None,
                     ))
         self.attention, self.recurrent = tuple(att), tuple(rec)
+
+    def _refuse_layer(self, i: int, layer: Any) -> None:
+        """ValueError for a probed cache layer whose contents a KV chunk cannot hold, naming
+        the model, architecture, layer and reason (refused here, at construction, rather
+        than failing in :func:`pack` or losing data on the first save)."""
+        where = f"{type(self.model).__name__} ({getattr(self.model.config, 'model_type', '?')})"
+        if getattr(layer, "is_sliding", False):
+            raise ValueError(f"{where}: layer {i} is sliding-window attention, which the "
+                             "adapter does not support")
+        if hasattr(layer, "indexer_keys"):  # transformers' DynamicIndexedLayer (DSA)
+            raise ValueError(f"{where}: layer {i} is indexed attention (sparse attention with a "
+                             "DSA indexer): its cache also holds indexer keys, which KV chunks "
+                             "neither save nor restore")
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.dim() == 4
+                and values.dim() == 4 and keys.shape[1::2] != values.shape[1::2]):
+            raise ValueError(
+                f"{where}: layer {i} caches K of {keys.shape[1]} x {keys.shape[3]} and V of "
+                f"{values.shape[1]} x {values.shape[3]} (heads x head size) per token: K and V "
+                "head sizes differ (e.g. multi-head latent attention), and a KV chunk holds "
+                "one head shape for both")
 
     def kv_specs(self, num_tokens: int) -> list[PartSpec]:
         out = []

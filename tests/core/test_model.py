@@ -446,6 +446,24 @@ def test_from_hf_config_errors_and_overrides() -> None:
         tiny_hf_config("llama")
 
 
+@pytest.mark.parametrize(("cls", "arch", "layer", "why"), [
+    ("KimiLinearConfig", "kimi_linear", 4, r"K and V head sizes differ \(multi-head latent attention, kv_lora_rank=512; QK head size 192 != V head size 128\)"),
+    ("BailingHybridConfig", "bailing_hybrid", 5, "multi-head latent attention"),
+    ("DeepseekV3Config", "deepseek_v3", 0, "multi-head latent attention"),
+    ("MiMoV2FlashConfig", "mimo_v2_flash", 0, r"QK head size 192 != V head size 128"),
+    ("Glm5NextConfig", "glm5_next", 3, r"indexed attention .*indexer keys"),
+    ("Qwen4ExpConfig", "qwen4_exp", 3, "indexed attention"),
+    ("DeepseekV32Config", "deepseek_v32", 0, "indexed attention"),
+])  # fmt: skip
+def test_from_hf_config_refuses_mla_and_indexed_attention(cls: str, arch: str, layer: int, why: str) -> None:
+    """Attention a KV chunk cannot hold is refused by name, layer and reason (the published
+    default configs of the real classes), before the architecture is even looked up."""
+    import transformers as tf
+
+    with pytest.raises(ValueError, match=rf"^{arch}: layer {layer} is .*{why}"):
+        ModelGeometry.from_hf_config(getattr(tf, cls)())
+
+
 def _cache_shapes(pkv: Any) -> dict[str, tuple[int, ...]]:
     import torch
 

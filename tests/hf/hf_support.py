@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import copy
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -12,8 +15,9 @@ pytest.importorskip("transformers")
 
 from hybrid_connector.config import HybridConfig, load_config  # noqa: E402
 from hybrid_connector.integrations.hf import HFRuntime  # noqa: E402
+from hybrid_connector.integrations.hf_pack import unpack  # noqa: E402
 from hybrid_connector.integrations.hf_quality import long_memory_  # noqa: E402
-from hybrid_connector.integrations.hf_state import new_model_cache  # noqa: E402
+from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache  # noqa: E402
 from hybrid_connector.keys import ObjectKind  # noqa: E402
 from hybrid_connector.model_presets import tiny_hf_config  # noqa: E402
 from tiers.memory import MemoryStore  # noqa: E402
@@ -75,3 +79,130 @@ def reference(model: Any, tokens: Sequence[int], n_new: int) -> tuple[torch.Tens
                        position_ids=torch.tensor([[pos]])).logits[0, -1]
         pos += 1
     return first, out
+
+
+# --------------------------------------------------------------------------------------------
+# Restored model-cache tensors against a full prefill's
+#
+# Logits are a weak witness of a restore on tiny random models: their recurrent states barely
+# reach the output (zeroing every restored SSM state moves Nemotron-H's logits by ~1e-6), so
+# exactness tests also compare the tensors themselves. Each tensor is compared relative to its
+# own largest magnitude (a Nemotron-H SSM state is ~1e-5 in absolute terms). fp32 restores are
+# bitwise where the checkpoint was computed exactly like the reference (same split, same
+# shapes); otherwise only reduction order differs (chunked scan vs. per-token decode steps,
+# GEMMs of another length), measured at <= 7e-7 of the tensor's scale (a few ulps). 1e-5
+# leaves >10x headroom and still flags a 1e-4 perturbation of a single layer.
+STATE_RTOL = 1e-5
+
+
+@torch.no_grad()
+def full_prefill_cache(model: Any, tokens: Sequence[int]) -> Any:
+    """The model cache after one plain forward of ``tokens`` from an empty cache."""
+    mc = new_model_cache(model)
+    model(torch.tensor([list(tokens)]), past_key_values=mc, use_cache=True)
+    return mc
+
+
+def cache_tensors(adapter: HFStateAdapter, mc: Any, p: int) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """What a hit at ``p`` must reproduce, read with the adapter's own extraction: K and V of
+    every attention layer over ``[0, p)`` and every recurrent layer's conv state (the columns
+    the adapter keeps) and recurrent state, named like the payload parts. Returns the tensors
+    and the extraction errors (a cache that does not hold some of them)."""
+    out: dict[str, torch.Tensor] = {}
+    errors: list[str] = []
+    if adapter.attention:
+        try:
+            specs = adapter.kv_specs(p)
+            out.update(zip((s.name for s in specs), unpack(adapter.extract_kv(mc, 0, p), specs), strict=True))
+        except ValueError as e:
+            errors.append(f"KV: {e}")
+    if adapter.recurrent:
+        try:
+            specs = adapter.state_specs
+            out.update(zip((s.name for s in specs), unpack(adapter.extract_state(mc), specs), strict=True))
+        except ValueError as e:
+            errors.append(f"state: {e}")
+    return out, errors
+
+
+def state_diffs(adapter: HFStateAdapter, got: Any, ref: Any, p: int) -> tuple[dict[str, float], list[str]]:
+    """Per tensor of :func:`cache_tensors`, ``max |got - ref| / max |ref|`` (0.0 when bitwise
+    equal, inf when ref is all zeros and got is not, nan propagates), and every structural
+    difference: an attention layer not holding exactly ``p`` tokens, a recurrent state not
+    marked as a previous state (the model would ignore it), a tensor missing or of another
+    shape or dtype."""
+    problems: list[str] = []
+    for a in adapter.attention:
+        keys = got.layers[a.layer].keys  # an empty layer holds None or a 1-D placeholder
+        held = int(keys.shape[-2]) if isinstance(keys, torch.Tensor) and keys.dim() == 4 else 0
+        if held != p:
+            problems.append(f"layers.{a.layer}: KV holds {held} tokens, expected {p}")
+    for s in adapter.recurrent:
+        if got.layers[s.layer].has_previous_state[s.index] != ref.layers[s.layer].has_previous_state[s.index]:
+            problems.append(f"layers.{s.layer}.{s.index}: has_previous_state differs from the reference")
+    g, g_err = cache_tensors(adapter, got, p)
+    r, r_err = cache_tensors(adapter, ref, p)
+    problems += [f"restored {e}" for e in g_err] + [f"reference {e}" for e in r_err]
+    diffs: dict[str, float] = {}
+    for name, want in r.items():
+        have = g.get(name)
+        if have is None:
+            continue  # reported as an extraction error
+        if have.shape != want.shape or have.dtype != want.dtype:
+            problems.append(f"{name}: {tuple(have.shape)} {have.dtype} != {tuple(want.shape)} {want.dtype}")
+            continue
+        diff = (have.double() - want.double()).abs().max().item()
+        scale = want.double().abs().max().item()
+        diffs[name] = 0.0 if diff == 0 else diff / scale if scale > 0 else math.inf
+    return diffs, problems
+
+
+def _over(diffs: dict[str, float], rtol: float) -> list[str]:
+    # `not <=` so that a nan difference is a mismatch
+    return [f"{name}: max |diff| = {d:.3g} x max |ref| > {rtol:g}"
+            for name, d in diffs.items() if not d <= rtol]
+
+
+def state_mismatches(adapter: HFStateAdapter, got: Any, ref: Any, p: int,
+                     rtol: float = STATE_RTOL) -> list[str]:
+    """Human-readable differences between cache ``got`` and reference cache ``ref`` at ``p``
+    (empty when every tensor is within ``rtol`` of its own scale and nothing is missing)."""
+    diffs, problems = state_diffs(adapter, got, ref, p)
+    return problems + _over(diffs, rtol)
+
+
+def assert_restored_exact(adapter: HFStateAdapter, model: Any, tokens: Sequence[int], got: Any,
+                          p: int, rtol: float = STATE_RTOL) -> dict[str, float]:
+    """Assert that cache ``got`` holds what a full prefill of ``tokens[:p]`` holds, within
+    ``rtol`` (see :func:`state_diffs`); returns the per-tensor relative differences."""
+    diffs, problems = state_diffs(adapter, got, full_prefill_cache(model, tokens[:p]), p)
+    problems += _over(diffs, rtol)
+    assert not problems, f"cache at {p} differs from a full prefill:\n  " + "\n  ".join(problems)
+    return diffs
+
+
+Fault = Callable[[HFStateAdapter, Any], None]
+
+
+@contextmanager
+def captured_restores(rt: HFRuntime, fault: Fault | None = None) -> Iterator[list[tuple[int, Any]]]:
+    """Within the block, every cache the runtime restores from a checkpoint (``restore`` with
+    a state) is first passed to ``fault`` (standing for a restore bug; it mutates the cache
+    the runtime then uses) and then deep-copied, with its token count, into the yielded list,
+    before the runtime runs the rest of the prompt into it."""
+    seen: list[tuple[int, Any]] = []
+    inner = rt.adapter.restore
+
+    def restore(kv_payloads: Any, kv_ranges: Any, num_tokens: int, state: Any) -> Any:
+        mc = inner(kv_payloads, kv_ranges, num_tokens, state)
+        if state is not None:
+            if fault is not None:
+                fault(rt.adapter, mc)
+            seen.append((num_tokens, copy.deepcopy(mc)))
+        return mc
+
+    rt.adapter.restore = restore  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        del rt.adapter.restore  # the class's method again

@@ -1,11 +1,22 @@
-"""Exact restore: a hit restored from a checkpoint gives the logits and greedy continuation
-of a full prefill, for every supported hybrid family (tiny random-weight fp32 models)."""
+"""Exact restore: a hit restored from a checkpoint holds the KV and recurrent states of a full
+prefill to the same position and gives its logits and greedy continuation, for every
+supported hybrid family (tiny random-weight fp32 models)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from hf_support import ARCHS, config, random_tokens, reference, runtime, tiny_model
+from hf_support import (
+    ARCHS,
+    assert_restored_exact,
+    captured_restores,
+    config,
+    random_tokens,
+    reference,
+    runtime,
+    state_mismatches,
+    tiny_model,
+)
 
 from hybrid_connector.integrations.hf_pack import PartSpec, pack, unpack
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
@@ -33,8 +44,11 @@ def test_branch_point_checkpoint_is_exact(arch: str) -> None:
     assert rb.info.checkpoints == (70,)
     rt.finish(rb)
 
-    rc = rt.prefill(c)
+    with captured_restores(rt) as restored:
+        rc = rt.prefill(c)
     assert rc.info.hit_tokens == 70 and rc.info.exact and not rc.info.replayed
+    assert [p for p, _ in restored] == [70]
+    assert_restored_exact(rt.adapter, model, c, restored[0][1], 70)
     assert rc.info.computed_tokens == len(c) - 70
     ref_logits, ref_new = reference(model, c, N_NEW)
     assert (rc.logits - ref_logits).abs().max().item() <= TOL
@@ -43,8 +57,12 @@ def test_branch_point_checkpoint_is_exact(arch: str) -> None:
 
     # A continuation of a finished request hits its final state (last decoded token).
     d = a + new_a + random_tokens(7, vocab, 5)
-    rd = rt.prefill(d)
+    with captured_restores(rt) as restored:
+        rd = rt.prefill(d)
     assert rd.info.hit_tokens == len(a) + len(new_a) and rd.info.exact
+    assert [p for p, _ in restored] == [rd.info.hit_tokens]
+    # The state comes from decode steps, the reference from one forward: not bitwise.
+    assert_restored_exact(rt.adapter, model, d, restored[0][1], rd.info.hit_tokens)
     ref_logits, ref_new = reference(model, d, N_NEW)
     assert (rd.logits - ref_logits).abs().max().item() <= TOL
     assert rt.decode(rd, N_NEW) == ref_new
@@ -66,6 +84,7 @@ def test_restore_at_any_boundary(arch: str, p: int) -> None:
     kv = rt.adapter.extract_kv(mc, 0, p)
     state = rt.adapter.extract_state(mc)
     restored = rt.adapter.restore([kv], [(0, p)], p, state)
+    assert_restored_exact(rt.adapter, model, toks.tolist(), restored, p, rtol=0.0)
     got = rt.run_tokens(toks[p:], restored, p)
     full = rt.run_tokens(toks, new_model_cache(model), 0)
     assert (got - full[p:]).abs().max().item() <= TOL
@@ -133,4 +152,5 @@ def test_bf16_payloads_roundtrip_bitwise(arch: str) -> None:
     twin = copy.deepcopy(mc)
     restored = rt.adapter.restore([rt.adapter.extract_kv(mc, 0, 23)], [(0, 23)], 23,
                                   rt.adapter.extract_state(mc))
+    assert not state_mismatches(rt.adapter, restored, mc, 23, rtol=0.0)
     assert torch.equal(rt.run_tokens(toks[23:], restored, 23), rt.run_tokens(toks[23:], twin, 23))

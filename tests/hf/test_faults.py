@@ -1,11 +1,18 @@
-"""Faults on the load path: the runtime recomputes and stays exact."""
+"""Faults on the load path: the runtime recomputes and stays exact (logits and cache)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
-from hf_support import random_tokens, reference, runtime, tiny_model
+from hf_support import (
+    assert_restored_exact,
+    captured_restores,
+    random_tokens,
+    reference,
+    runtime,
+    tiny_model,
+)
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.memory import MemoryStore
@@ -34,7 +41,11 @@ def test_failed_load_recomputes() -> None:
     plan = rt.cache.lookup(c, alignment=1)
     assert plan.num_tokens == 40 and plan.state is not None
     store.fail.add(plan.state.ref.key)
-    rc = rt.prefill(c)
+    with captured_restores(rt) as restored:
+        rc = rt.prefill(c)
     assert rc.info.load_failed == 1 and rc.info.hit_tokens == 0 and rc.info.exact
+    assert restored == []  # nothing restored from the half-loaded checkpoint
     ref_logits, _ = reference(model, c, 0)
     assert (rc.logits - ref_logits).abs().max().item() <= 1e-4
+    # The recomputed cache is a full prefill's (KV over the prompt, state at its end).
+    assert_restored_exact(rt.adapter, model, c, rc.model_cache, len(c))

@@ -6,7 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hf_support import ARCHS, random_tokens, reference, runtime, tiny_model
+from hf_support import (
+    ARCHS,
+    assert_restored_exact,
+    captured_restores,
+    random_tokens,
+    reference,
+    runtime,
+    tiny_model,
+)
 
 from hybrid_connector.keys import ObjectKind
 from tiers.device import DeviceTier
@@ -52,8 +60,11 @@ def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
     # Puts land in the device tier; only demotion (device -> host -> nvme) reaches nvme.
     assert sum(store.stats()["demotions"].values()) > 0
 
-    rc = rt.prefill(probe_tokens)
+    with captured_restores(rt) as restored:
+        rc = rt.prefill(probe_tokens)
     assert rc.info.hit_tokens == 70 and rc.info.exact
+    assert [p for p, _ in restored] == [70]
+    assert_restored_exact(rt.adapter, model, probe_tokens, restored[0][1], 70)
     ref_logits, ref_new = reference(model, probe_tokens, 16)
     assert (rc.logits - ref_logits).abs().max().item() <= 1e-4
     assert rt.decode(rc, 16) == ref_new

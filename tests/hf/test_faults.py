@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from hf_support import (
@@ -15,23 +16,25 @@ from hf_support import (
 )
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.memory import MemoryStore
+from tiers.manager import TierManager
+from tiers.memory import MemoryTier
 
 
 def test_failed_load_recomputes() -> None:
     """A read that fails after the plan was made (a store fault): the runtime recomputes
     from scratch, reports the failure and still returns full-prefill logits."""
-    class FaultyStore(MemoryStore):
-        def __init__(self) -> None:
-            super().__init__({k: 1 << 30 for k in ObjectKind})
-            self.fail: set[ObjectKey] = set()
+    class FaultyTier(MemoryTier):
+        """Reads of the keys in ``fail`` fail (the object stays held: unreadable now)."""
 
-        def get(self, keys: Sequence[ObjectKey]) -> list[torch.Tensor | None]:
-            got = super().get(keys)
+        fail: set[ObjectKey] = set()
+
+        def get(self, keys: Sequence[ObjectKey], device: Any = None) -> list[torch.Tensor | None]:
+            got = super().get(keys, device)
             return [None if k in self.fail else t for k, t in zip(keys, got, strict=True)]
 
     model = tiny_model("qwen3_5")
-    store = FaultyStore()
+    tier = FaultyTier("memory", {k: 1 << 30 for k in ObjectKind})
+    store = TierManager([tier], inline=True)
     rt = runtime(model, store=store)
     vocab = model.config.vocab_size
     prefix = random_tokens(40, vocab, 31)
@@ -40,7 +43,7 @@ def test_failed_load_recomputes() -> None:
     c = prefix + random_tokens(12, vocab, 34)
     plan = rt.cache.lookup(c, alignment=1)
     assert plan.num_tokens == 40 and plan.state is not None
-    store.fail.add(plan.state.ref.key)
+    tier.fail.add(plan.state.ref.key)
     with captured_restores(rt) as restored:
         rc = rt.prefill(c)
     assert rc.info.load_failed == 1 and rc.info.hit_tokens == 0 and rc.info.exact

@@ -20,7 +20,7 @@ import pytest
 import torch
 from hf_support import config, memory_store
 
-from hybrid_connector.cache import HybridCache
+from hybrid_connector import assemble
 from hybrid_connector.integrations.hf import HFRuntime
 from hybrid_connector.integrations.hf_state import HFStateAdapter
 from hybrid_connector.model import (
@@ -100,7 +100,7 @@ def test_runtime_refuses_at_construction(build: Any, arch: str, why: str) -> Non
     with pytest.raises(ValueError, match=rf"\({arch}\): {why}"):
         HFStateAdapter(model, geometry)
     with pytest.raises(ValueError, match=rf"\({arch}\): {why}"):
-        HFRuntime(model, HybridCache(config(), geometry, memory_store()))
+        HFRuntime(model, assemble.cache(config(), geometry, memory_store()))
 
 
 @pytest.mark.parametrize(("build", "arch", "layer"), [

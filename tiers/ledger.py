@@ -28,101 +28,15 @@ Not thread safe: the owner (the index) serialises calls under its lock.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers.ledger_types import Entry, Placement, TierSpec, TierUsage, pool_totals
 from tiers.ops import Move, Op, Put, Remove, Take
 
+__all__ = ["Entry", "Ledger", "Merits", "Placement", "TierSpec"]
+
 Merits = Callable[[ObjectKey], bool]
-
-
-@dataclass(frozen=True)
-class TierSpec:
-    """One tier as the ledger sees it. ``pools``: budget bytes by pool name; ``kind_pool``:
-    the pool each kind uses (a kind without one is not stored here). ``slow``: reads are
-    async (disk, remote). ``shared``: a store other instances share (see module doc)."""
-
-    name: str
-    pools: Mapping[str, int]
-    kind_pool: Mapping[ObjectKind, str]
-    slow: bool = False
-    shared: bool = False
-    grains: Mapping[str, int] = field(default_factory=dict)  # pool -> allocation unit
-
-    @classmethod
-    def per_kind(cls, name: str, budgets: Mapping[ObjectKind, int], slow: bool = False,
-                 shared: bool = False, grains: Mapping[ObjectKind, int] | None = None
-                 ) -> TierSpec:
-        """One pool per kind (kinds with a 0 budget are not stored); ``grains``: the
-        allocation unit of each kind's pool (default 1 byte)."""
-        return cls(name, {k.value: int(v) for k, v in budgets.items() if v},
-                   {k: k.value for k, v in budgets.items() if v}, slow, shared,
-                   {k.value: int(g) for k, g in (grains or {}).items() if budgets.get(k)})
-
-    def grain(self, kind: ObjectKind) -> int:
-        return int(self.grains.get(self.kind_pool.get(kind, ""), 1))
-
-    def size(self, kind: ObjectKind, nbytes: int) -> int:
-        """Bytes an object of ``kind`` and ``nbytes`` takes in this tier's pool."""
-        g = self.grain(kind)
-        return (max(nbytes, 1) + g - 1) // g * g
-
-    def budget(self, kind: ObjectKind) -> int:
-        pool = self.kind_pool.get(kind)
-        return int(self.pools[pool]) if pool is not None else 0
-
-
-@dataclass
-class Entry:
-    """What the ledger knows of one object. ``tier``: the local tier holding it (None:
-    only a shared copy); ``shared``: a copy is (being) written to the shared tier."""
-
-    key: ObjectKey
-    nbytes: int
-    tier: str | None
-    shared: bool = False
-    pending: bool = True  # the local put (or, shared-only, the shared put) is in flight
-    shared_pending: bool = False
-    pins: int = 0
-
-
-@dataclass
-class _Tier:
-    spec: TierSpec
-    used: dict[str, int] = field(default_factory=dict)
-    lru: OrderedDict[ObjectKey, None] = field(default_factory=OrderedDict)
-
-    def pool_used(self, kind: ObjectKind) -> int:
-        return self.used.get(self.spec.kind_pool.get(kind, ""), 0)
-
-    def fits(self, kind: ObjectKind, nbytes: int) -> bool:
-        return self.pool_used(kind) + self.spec.size(kind, nbytes) <= self.spec.budget(kind)
-
-    def holds(self, kind: ObjectKind, nbytes: int) -> bool:
-        """Could the pool hold such an object at all (when empty)?"""
-        return self.spec.size(kind, nbytes) <= self.spec.budget(kind) and kind in self.spec.kind_pool
-
-    def charge(self, key: ObjectKey, nbytes: int) -> None:
-        pool = self.spec.kind_pool[key.kind]
-        self.used[pool] = self.used.get(pool, 0) + self.spec.size(key.kind, nbytes)
-        self.lru[key] = None
-
-    def free(self, key: ObjectKey, nbytes: int) -> None:
-        pool = self.spec.kind_pool[key.kind]
-        self.used[pool] -= self.spec.size(key.kind, nbytes)
-        self.lru.pop(key, None)
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Result of a placement decision: the ops to run (in order) and the keys that left
-    every tier (the index forgets them). ``tier``: where the object went (None: nowhere)."""
-
-    tier: str | None
-    ops: tuple[Op, ...] = ()
-    dropped: tuple[ObjectKey, ...] = ()
 
 
 class Ledger:
@@ -135,20 +49,14 @@ class Ledger:
         if sum(s.shared for s in specs) > 1:
             raise ValueError("at most one shared tier")
         self.merits = merits
-        self._local = [_Tier(s) for s in specs if not s.shared]
-        shared = [_Tier(s) for s in specs if s.shared]
+        self._local = [TierUsage(s) for s in specs if not s.shared]
+        shared = [TierUsage(s) for s in specs if s.shared]
         self._shared = shared[0] if shared else None
         self._by_name = {t.spec.name: t for t in [*self._local, *shared]}
         self.entries: dict[ObjectKey, Entry] = {}
-        self._budget: dict[str, int] = {}  # pool name -> bytes over all tiers
-        for t in self._tiers():
-            for pool, b in t.spec.pools.items():
-                self._budget[pool] = self._budget.get(pool, 0) + int(b)
+        # pool name -> bytes over all tiers, and the coarsest allocation unit of the pool
+        self._budget, self._grain = pool_totals(self.specs)
         self._tracked: dict[str, int] = {}  # pool name -> bytes of the entries using it
-        self._grain: dict[str, int] = {}  # pool -> coarsest allocation unit over the tiers
-        for t in self._tiers():
-            for pool in t.spec.pools:
-                self._grain[pool] = max(self._grain.get(pool, 1), int(t.spec.grains.get(pool, 1)))
         self._kind_used = dict.fromkeys(ObjectKind, 0)
 
     # ------------------------------------------------------------------ queries
@@ -159,9 +67,6 @@ class Ledger:
     @property
     def shared_tier(self) -> str | None:
         return self._shared.spec.name if self._shared else None
-
-    def spec(self, name: str) -> TierSpec:
-        return self._by_name[name].spec
 
     def where(self, key: ObjectKey) -> str | None:
         """The tier to read ``key`` from (its local tier, else the shared tier when a copy
@@ -179,7 +84,7 @@ class Ledger:
         e = self.entries.get(key)
         return e is not None and e.pending
 
-    def _tiers(self) -> list[_Tier]:
+    def _tiers(self) -> list[TierUsage]:
         return [*self._local, *([self._shared] if self._shared else [])]
 
     def capacity(self, kind: ObjectKind) -> int:
@@ -271,7 +176,7 @@ class Ledger:
             return Placement(sh.spec.name, tuple(ops), tuple(dropped))
         return Placement(None, tuple(ops), tuple(dropped))
 
-    def _victim(self, t: _Tier, kind: ObjectKind, exclude: set[ObjectKey]) -> ObjectKey | None:
+    def _victim(self, t: TierUsage, kind: ObjectKind, exclude: set[ObjectKey]) -> ObjectKey | None:
         pool = t.spec.kind_pool.get(kind)
         for k in t.lru:
             e = self.entries[k]

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from hybrid_connector.config import HybridConfig
+from hybrid_connector.hashes import Hashes
 from hybrid_connector.index import CacheIndex, CacheStats, Lease, Policies, check_alignment
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
@@ -165,15 +166,16 @@ class HybridCache:
         return self._io.submit(self.load, plan)
 
     # ---------------------------------------------------------------- saves
-    def save_async(self, tokens: Sequence[int] | np.ndarray,
-                   items: Iterable[SaveItem]) -> Future[SaveResult]:
+    def save_async(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem],
+                   hashes: Hashes | None = None) -> Future[SaveResult]:
         """Store objects produced for ``tokens`` (which must cover every item's end).
 
         Decides under the index's lock (see ``Saver.begin``: checks, keys, room, placement;
         items already present or covered are skipped) and returns at once; the tier I/O
         runs on the executor. The payload tensors belong to the cache until the future is
-        done. Rejected items are counted and listed in the result, never raised. Raises
-        ValueError only for malformed items (see ``SaveItem``) and bad tokens.
+        done. ``hashes``: the request's prefix hashes if the caller keeps them (see
+        ``Saver.begin``). Rejected items are counted and listed in the result, never
+        raised. Raises ValueError only for malformed items (see ``SaveItem``) and bad tokens.
         """
         todo = list(items)
         if not todo:
@@ -181,13 +183,14 @@ class HybridCache:
             done.set_result(SaveResult(0, 0, 0))
             return done
         with self.index.lock:
-            ticket = self.index.begin_save(tokens, [it.spec for it in todo])
+            ticket = self.index.begin_save(tokens, [it.spec for it in todo], hashes)
             payloads = {k: it.payload for k, it in zip(ticket.keys, todo, strict=True) if k}
             return self._submit(ticket, payloads)
 
-    def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem]) -> SaveResult:
+    def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem],
+             hashes: Hashes | None = None) -> SaveResult:
         """``save_async`` waited on."""
-        return self.save_async(tokens, items).result()
+        return self.save_async(tokens, items, hashes).result()
 
     def _submit(self, ticket: SaveTicket, payloads: dict[Any, torch.Tensor]) -> Future[SaveResult]:
         """Queue a ticket's ops (index lock held, so lanes see decisions in order)."""
@@ -216,7 +219,7 @@ class HybridCache:
             self._submit(SaveTicket(0, tuple(ops), (), 0, (), 0), {})
 
     def finish(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = (),
-               prompt_len: int | None = None) -> SaveResult:
+               prompt_len: int | None = None, hashes: Hashes | None = None) -> SaveResult:
         """End of a request: save its last objects (the final checkpoint only if admission
         keeps it), release KV on its path that can no longer produce a hit, and tell the
         eviction policy about the request (``prompt_len``: how many of ``tokens`` were the
@@ -228,7 +231,7 @@ class HybridCache:
             self.index.finish(tokens, prompt_len)
             return SaveResult(0, 0, 0)
         kept = [it for it in todo if self.index.saver.keeps(int(arr.size), it.spec)]
-        result = self.save(tokens, kept)
+        result = self.save(tokens, kept, hashes)
         with self.index.lock:
             self.index.finish(tokens, prompt_len)
             self._run_drained()

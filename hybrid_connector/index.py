@@ -34,15 +34,17 @@ from typing import NamedTuple
 import numpy as np
 
 from hybrid_connector.config import HybridConfig
-from hybrid_connector.hit import find_hit, kv_chain
+from hybrid_connector.hashes import Hashes
+from hybrid_connector.hit import Hit, Usable, find_hit, kv_chain
 from hybrid_connector.keys import ObjectKey, ObjectKind, as_tokens, model_fingerprint
 from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import SLOW_TIERS, LoadPlan, PlannedObject
+from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
-from hybrid_connector.radix import IntegrityError, Node, ObjectRef, RadixTree
+from hybrid_connector.radix import IntegrityError, MatchResult, Node, ObjectRef, RadixTree
 from hybrid_connector.reclaim import Reclaimer
-from hybrid_connector.saving import Saver
+from hybrid_connector.saving import Saver, SaveTicket
 from tiers.backend import Backend
+from tiers.ledger import Placement
 from tiers.ops import Op
 from tiers.store import StoreHooks
 
@@ -195,7 +197,7 @@ class CacheIndex:
             return self._plan(arr, hit.kv, hit.p, hit.state, hit.anchors, hit.kv_reach,
                               m.length, hit.node, align, pending)
 
-    def _find(self, m, n, align, replay, usable):  # type: ignore[no-untyped-def]
+    def _find(self, m: MatchResult, n: int, align: int, replay: bool, usable: Usable) -> Hit:
         c = self.config
         return find_hit(m, int(n), align, needs_state=self.needs_state, max_kv_len=self.max_kv_len,
                         usable=usable, replay=replay, page=c.anchor_page_size,
@@ -346,7 +348,7 @@ class CacheIndex:
             for key in [k for k in lease.keys if k in self.doomed]:
                 self.reclaim.unindex(key)
 
-    def _apply(self, placement) -> None:  # type: ignore[no-untyped-def]
+    def _apply(self, placement: Placement) -> None:
         """Queue a placement's ops and forget what it dropped (backend lock held)."""
         self.outbox.extend(placement.ops)
         for key in placement.dropped:
@@ -386,17 +388,19 @@ class CacheIndex:
                     self.reclaim.unindex(key)
 
     # ---------------------------------------------------------------- saves
-    def begin_save(self, tokens, specs, hashes=None):  # type: ignore[no-untyped-def]
+    def begin_save(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
+                   hashes: Hashes | None = None) -> SaveTicket:
         """See ``Saver.begin``."""
         return self.saver.begin(tokens, specs, hashes)
 
-    def complete_save(self, ticket, indices, results):  # type: ignore[no-untyped-def]
+    def complete_save(self, ticket: SaveTicket, indices: Sequence[int],
+                      results: Sequence[bool]) -> None:
         """See ``Saver.complete``."""
-        return self.saver.complete(ticket, indices, results)
+        self.saver.complete(ticket, indices, results)
 
-    def finish(self, tokens, prompt_len=None):  # type: ignore[no-untyped-def]
+    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
         """See ``Saver.finish``."""
-        return self.saver.finish(tokens, prompt_len)
+        self.saver.finish(tokens, prompt_len)
 
     # ---------------------------------------------------------------- callbacks
     def _on_move(self, node: Node, refs: Iterable[ObjectRef]) -> None:

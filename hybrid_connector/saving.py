@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hybrid_connector.hashes import Hashes
 from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens
 from hybrid_connector.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.policies.anchors import anchor_block_bytes
@@ -95,13 +96,15 @@ class Saver:
 
     # ------------------------------------------------------------------ begin
     def begin(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
-              hashes: PrefixHasher | None = None) -> SaveTicket:
-        """Decide the save of ``specs`` made for ``tokens`` (which must cover every end);
-        ``hashes``: prefix hashes of ``tokens`` if the caller has them (else computed).
-        Returns the ticket whose ops the workers must run (see the module docstring)."""
+              hashes: Hashes | None = None) -> SaveTicket:
+        """Decide the save of ``specs`` made for ``tokens`` (which must cover every end).
+        ``hashes``: prefix hashes of ``tokens`` the caller keeps (a request's
+        ``ChainHasher``, so a save costs O(new tokens), or an engine's ``EngineHashes``);
+        computed from scratch when None. Returns the ticket whose ops the workers must run
+        (see the module docstring)."""
         ix = self.ix
         arr = as_tokens(tokens)
-        hasher = hashes or PrefixHasher(arr, ix.config.hash_block_size)
+        hasher: Hashes = hashes if hashes is not None else PrefixHasher(arr, ix.config.hash_block_size)
         order = sorted(range(len(specs)), key=lambda i: (specs[i].end, specs[i].kind.value))
         keys: list[ObjectKey | None] = [None] * len(specs)
         refused: list[Rejection] = []

@@ -1,19 +1,11 @@
 """The replay loop: drive the real ``HybridCache`` the way an engine would, request by request.
 
-For each request, in trace order (a logical clock, no concurrency, as the reference does)::
-
-    plan = cache.lookup(input); cache.record_lookup(plan)
-    cache.release(cache.acquire(plan))          # the engine loads, then unlocks
-    sp = cache.plan_saves(input)
-    cache.save(input, KV chunks + states at sp.state_positions + anchor pages)
-    cache.finish(input + output, [final state, KV (and anchors) for the rest])
-
-What an engine can physically produce is respected: checkpoints only at positions past the
-hit (the engine holds the state at p and computes onwards), full KV chunks of
-``config.chunk_size`` from ``sp.kv_from`` during prefill and the rest (including the
-partial tail chunk) at finish, cut at checkpoint positions so every checkpoint has KV
-ending exactly at it, anchor pages only for tokens it computed. Payloads are
-zero-stride tensors of the real byte sizes from the geometry; a ``SizeOnlyStore`` only
+For each request, in trace order (a logical clock, no concurrency, as the reference does),
+a ``RequestSession`` runs it the way every engine integration does: lookup and load (the
+engine then unlocks), KV chunks and the checkpoints admission asks for past the hit, the
+rest of the KV and the final state at finish (see ``hybrid_connector.session`` for what an
+engine can physically produce), plus anchor pages only for tokens it computed. Payloads
+are zero-stride tensors of the real byte sizes from the geometry; a ``SizeOnlyStore`` only
 accounts them.
 """
 
@@ -23,6 +15,7 @@ from dataclasses import dataclass
 from types import TracebackType
 
 import numpy as np
+import torch
 
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
@@ -33,6 +26,7 @@ from hybrid_connector.plan import SaveItem
 from hybrid_connector.policies import build
 from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_pages
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
+from hybrid_connector.session import RequestSession
 from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
 
 
@@ -94,8 +88,8 @@ class Simulator:
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def _kv(self, start: int, end: int) -> SaveItem:
-        return SaveItem(ObjectKind.KV, start, end, zero_payload((end - start) * self.kv_tok))
+    def _kv(self, start: int, end: int) -> torch.Tensor:
+        return zero_payload((end - start) * self.kv_tok)
 
     def _anchor_pages(self, lo: int, hi: int) -> list[SaveItem]:
         """Anchor blocks for the computed pages fully inside ``[lo, hi)``."""
@@ -105,40 +99,21 @@ class Simulator:
         ]
 
     def step(self, inp: np.ndarray, out: np.ndarray) -> StepResult:
-        cache, C = self.cache, self.config.chunk_size
+        """One request through a ``RequestSession``, as an engine runs it."""
         n = int(inp.size)
-        plan = cache.lookup(inp)
-        cache.record_lookup(plan)
-        cache.release(cache.acquire(plan))
-        p = plan.num_tokens
-        sp = cache.plan_saves(inp)
-        items: list[SaveItem] = []
-        states = [pos for pos in sp.state_positions if p < pos < n]
-        # Chunks of C from kv_from, also cut at every checkpoint so each checkpoint is
-        # backed by KV ending exactly there (a paged engine's KV always is).
-        cuts = sorted({*range(sp.kv_from + C, n + 1, C), *(q for q in states if q > sp.kv_from)})
-        start = sp.kv_from
-        for end in cuts:
-            items.append(self._kv(start, end))
-            start = end
-        items += [SaveItem(ObjectKind.STATE, pos, pos, zero_payload(self.state_bytes)) for pos in states]
-        if self.anchors:
-            items += self._anchor_pages(p, n)
-        if items:
-            cache.save(inp, items)
-        full = np.concatenate([inp, out]) if out.size else inp
-        m = int(full.size)
-        final: list[SaveItem] = []
-        while start < m:
-            end = min(start + C, m)
-            final.append(self._kv(start, end))
-            start = end
-        final.append(SaveItem(ObjectKind.STATE, m, m, zero_payload(self.state_bytes)))
-        if self.anchors:
-            final += self._anchor_pages(max(p, n - n % self.page), m)
-        cache.finish(full, final, prompt_len=n)
+        s = RequestSession(self.cache, inp)
+        s.load()
+        s.release()
+        plan, p = s.plan, s.hit
+        states = {q: zero_payload(self.state_bytes) for q in s.checkpoints}
+        s.save_prefill(self._kv, states, self._anchor_pages(p, n) if self.anchors else ())
+        if out.size:
+            s.extend(out)
+        m = len(s.hasher)
+        extra = self._anchor_pages(max(p, n - n % self.page), m) if self.anchors else ()
+        s.finish(self._kv, {m: zero_payload(self.state_bytes)}, extra)
         self.states_saved += len(states) + 1
         return StepResult(
-            n, p, plan.exact, plan.nbytes if plan.hit else 0,
+            n, p, plan.exact, plan.nbytes if p else 0,
             None if plan.exact else plan.replay_from, len(states) + 1,
         )

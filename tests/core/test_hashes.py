@@ -1,0 +1,53 @@
+"""Incremental and engine-provided prefix hashes: same keys as hashing from scratch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cache_support import kv_items, make_cache, state_item
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybrid_connector.hashes import ChainHasher, EngineHashes
+from hybrid_connector.keys import ROOT_HASH, PrefixHasher
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 50), max_size=40), max_size=6), st.integers(1, 9))
+def test_chain_hasher_equals_hashing_from_scratch(parts, block) -> None:
+    ch = ChainHasher(block)
+    seq: list[int] = []
+    for part in parts:
+        ch.append(part)
+        seq += part
+        ref = PrefixHasher(seq, block)
+        assert len(ch) == len(seq)
+        assert [ch.at(e) for e in range(len(seq) + 1)] == [ref.at(e) for e in range(len(seq) + 1)]
+    with pytest.raises(ValueError):
+        ch.at(len(seq) + 1)
+
+
+def test_engine_hashes_at_block_ends_and_inside_blocks() -> None:
+    blocks = [bytes([i]) * 32 for i in range(1, 4)]
+    eh = EngineHashes(4, blocks)
+    assert eh.at(0) == ROOT_HASH and eh.at(4) == blocks[0] and eh.at(12) == blocks[2]
+    with pytest.raises(ValueError, match="no engine hash"):
+        eh.at(6)                                         # inside a block, no tokens
+    with pytest.raises(ValueError, match="no engine hash"):
+        eh.at(16)                                        # past the hashes
+    tok = EngineHashes(4, blocks, tokens=np.arange(14))
+    assert tok.at(6) != tok.at(7) and tok.at(6) not in blocks
+    with pytest.raises(ValueError, match="not non-empty bytes"):
+        EngineHashes(4, [b""])
+
+
+def test_saves_keyed_by_a_chain_hasher_hit_like_any_other() -> None:
+    a = np.arange(40) + 7
+    c1, c2 = make_cache(), make_cache()
+    items = kv_items(a, 0, 40) + [state_item(a, 24)]
+    c1.save(a, items)
+    ch = ChainHasher(c2.config.hash_block_size, a[:16])
+    ch.append(a[16:])                                    # as a request grows
+    assert c2.save(a, items, hashes=ch).stored == len(items)
+    assert set(c2.index.where) == set(c1.index.where)    # the very same keys
+    assert c2.lookup(np.r_[a, [1]]).num_tokens == 24

@@ -24,7 +24,7 @@ from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens
 from hybrid_connector.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.policies.anchors import anchor_block_bytes
 from hybrid_connector.radix import Node, ObjectRef
-from tiers.ops import Move, Op, Put
+from tiers.ops import Move, Op, Put, Remove
 
 if TYPE_CHECKING:
     from hybrid_connector.index import CacheIndex
@@ -220,8 +220,13 @@ class Saver:
     def _commit(self, ticket: SaveTicket, key: ObjectKey, shared: bool, ok: bool) -> None:
         ix = self.ix
         with ix.backend.lock:
+            entry = ix.ledger.entries.get(key)
+            placed = entry.tier if entry is not None else None
             usable = ix.ledger.commit(key, ok, shared)
             loadable = ix.ledger.where(key) is not None
+            if not ok and not shared and placed is not None:
+                # Failed on some rank: the other ranks' shards of it must go too.
+                ix.outbox.append(Remove(key, placed))
         if usable and loadable and key in ix.pending:
             ix.pending.discard(key)
             ix.stats.stored[key.kind.value] += 1

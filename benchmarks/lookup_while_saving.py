@@ -15,6 +15,7 @@ Usage: ``python benchmarks/lookup_while_saving.py [--quick]``; needs ``redis-ser
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import socket
@@ -81,10 +82,8 @@ class DelayProxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.close()
-                except OSError:
-                    pass
 
     def close(self) -> None:
         self.sock.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import sys
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -23,8 +24,8 @@ from hybrid_connector.config import HybridConfig, load_config
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.model_presets import load_geometry
-from hybrid_connector.plan import SaveItem
 from hybrid_connector.radix import IntegrityError
+from hybrid_connector.session import RequestSession
 from hybrid_connector.sim.traces import multi_turn_chat
 from tiers.backend import Backend
 
@@ -38,21 +39,6 @@ def fake_payload(tokens: np.ndarray, kind: ObjectKind, start: int, end: int, nby
     seed = hashlib.blake2b(tokens[:end].tobytes() + f"{kind}{start}".encode(), digest_size=8)
     gen = torch.Generator().manual_seed(int.from_bytes(seed.digest(), "little") >> 1)
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
-
-
-def _items(geo: ModelGeometry, cfg: HybridConfig, toks: np.ndarray, kv_from: int, upto: int,
-           states: tuple[int, ...]) -> list[SaveItem]:
-    kvb = geo.kv_bytes_per_token()
-    items = [
-        SaveItem(ObjectKind.KV, s, min(s + cfg.chunk_size, upto),
-                 fake_payload(toks, ObjectKind.KV, s, min(s + cfg.chunk_size, upto),
-                              kvb * (min(s + cfg.chunk_size, upto) - s)))
-        for s in range(kv_from, upto, cfg.chunk_size)
-    ]
-    for p in states:
-        items.append(SaveItem(ObjectKind.STATE, p, p,
-                              fake_payload(toks, ObjectKind.STATE, p, p, geo.state_bytes())))
-    return items
 
 
 def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: Backend, records: list[dict[str, Any]],
@@ -72,29 +58,34 @@ def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: Backend, records: lis
 
 def _replay(cache: HybridCache, cfg: HybridConfig, geo: ModelGeometry,
             records: list[dict[str, Any]], progress: bool) -> None:
+    kvb, sb = geo.kv_bytes_per_token(), geo.state_bytes()
     for rec in tqdm(records, desc="requests", disable=not progress):
         prompt = np.asarray(rec["input_tokens"], dtype=np.int64)
-        full = np.concatenate([prompt, np.asarray(rec["output_tokens"], dtype=np.int64)])
-        plan = cache.lookup(prompt)
-        cache.record_lookup(plan)
-        lease = cache.acquire(plan)
-        loaded = cache.load(plan) if lease is not None else None
-        if loaded is not None and loaded.num_tokens:
-            for obj, data in zip(plan.kv, loaded.kv, strict=True):
+        out = np.asarray(rec["output_tokens"], dtype=np.int64)
+        s = RequestSession(cache, prompt)
+        loaded = s.load()
+        if loaded.num_tokens:
+            for obj, data in zip(s.plan.kv, loaded.kv, strict=True):
                 want = fake_payload(prompt, ObjectKind.KV, obj.ref.start, obj.ref.end, obj.ref.nbytes)
                 if not torch.equal(data, want):
                     raise CorruptLoad(f"corrupt KV chunk {obj.ref.key}")
-            if plan.state is not None and loaded.state is not None:
-                p = plan.num_tokens
-                if not torch.equal(loaded.state, fake_payload(prompt, ObjectKind.STATE, p, p,
-                                                              plan.state.ref.nbytes)):
-                    raise CorruptLoad(f"corrupt state {plan.state.ref.key}")
-        sp = cache.plan_saves(prompt)
-        cache.save(prompt, _items(geo, cfg, prompt, sp.kv_from, prompt.size, sp.state_positions))
-        cache.release(lease)
-        final = _items(geo, cfg, full, sp.kv_from, full.size,
-                       (cache.final_checkpoint(int(full.size)),))
-        cache.finish(full, final, prompt_len=int(prompt.size))
+            p = s.hit
+            if s.plan.state is not None and (loaded.state is None or not torch.equal(
+                    loaded.state, fake_payload(prompt, ObjectKind.STATE, p, p, s.plan.state.ref.nbytes))):
+                raise CorruptLoad(f"corrupt state {s.plan.state.ref.key}")
+        s.release()
+
+        kv = partial(_kv_of, prompt, kvb)
+        s.save_prefill(kv, {q: fake_payload(prompt, ObjectKind.STATE, q, q, sb) for q in s.checkpoints})
+        s.extend(out)
+        full = s.tokens.copy()
+        end = cache.final_checkpoint(int(full.size))
+        s.finish(partial(_kv_of, full, kvb),
+                 {end: fake_payload(full, ObjectKind.STATE, end, end, sb)} if end else {})
+
+
+def _kv_of(tokens: np.ndarray, kvb: int, start: int, end: int) -> torch.Tensor:
+    return fake_payload(tokens, ObjectKind.KV, start, end, kvb * (end - start))
 
 
 def format_stats(cache: HybridCache) -> str:

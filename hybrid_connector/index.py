@@ -39,6 +39,7 @@ from hybrid_connector.hit import Hit, Usable, find_hit, kv_chain
 from hybrid_connector.keys import ObjectKey, ObjectKind, as_tokens, model_fingerprint
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
+from hybrid_connector.policies.admission import branch_point
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
 from hybrid_connector.radix import IntegrityError, MatchResult, Node, ObjectRef, RadixTree
 from hybrid_connector.reclaim import Reclaimer
@@ -276,7 +277,7 @@ class CacheIndex:
             positions = self.admission.state_positions(self.tree, m, arr, align)
             _, reach = kv_chain(m, self.max_kv_len, lambda k: k not in self.doomed)
             kv_from = reach - reach % self.config.chunk_size
-            return SavePlan(tuple(sorted(set(positions))), m.branch_point, kv_from)
+            return SavePlan(tuple(sorted(set(positions))), branch_point(m, int(arr.size)), kv_from)
 
     def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int:
         """Where the end-of-request checkpoint must be taken to be usable: the last aligned

@@ -4,10 +4,12 @@ import torch
 from cache_support import (
     CHUNK,
     TINY,
+    kv_items,
     made_for,
     make_cache,
     payload,
     save_seq,
+    state_item,
 )
 
 from hybrid_connector import assemble
@@ -57,6 +59,21 @@ def test_plan_saves_speculative_branch_point():
     assert sp.branch_point == 22 and sp.state_positions == (20,)
     assert sp.kv_from == 16
     assert c.plan_saves(np.arange(60)).state_positions == ()
+
+
+def test_a_pass_through_boundary_from_chunked_saves_is_a_branch_point():
+    """A prefix saved in two saves has a node boundary at the first save's end; a prompt
+    diverging exactly there branches as if the prefix had been saved at once."""
+    c = make_cache()
+    a = np.arange(40)
+    c.save(a[:16], kv_items(a, 0, 16))                # prefill: the first chunks
+    c.save(a, kv_items(a, 16, 40) + [state_item(a, 40)])  # finish: the rest
+    b = np.r_[a[:16], [99, 98, 97, 96, 95]]
+    assert c.plan_saves(b).state_positions == (16,)
+    once = make_cache()
+    once.save(a, kv_items(a, 0, 40) + [state_item(a, 40)])
+    assert once.plan_saves(b).state_positions == (16,)
+    assert c.plan_saves(np.r_[a, [1, 2]]).state_positions == ()  # a continuation: no branch
 
 
 def test_load_roundtrip_and_locked_objects_survive_eviction():

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from hybrid_connector import rank_layout
 from hybrid_connector.flops import (
     attention_layer_flops,
     gdn_layer_flops,
@@ -42,6 +43,13 @@ from hybrid_connector.flops import (
     ref_node_savings,
     ref_state_bytes,
     short_conv_layer_flops,
+)
+from hybrid_connector.geometry_schema import (
+    DIM_CLASSES,
+    FFN_NEEDS,
+    MIXER_NEEDS,
+    parse_geometry,
+    read_geometry_yaml,
 )
 from hybrid_connector.layers import (
     AttentionDims,
@@ -61,64 +69,11 @@ from hybrid_connector.layers import (
 )
 
 __all__ = [
-    "AttentionDims",
-    "FFNKind",
-    "FlopBreakdown",
-    "GDNDims",
-    "LayerSpec",
-    "MLPDims",
-    "Mamba1Dims",
-    "Mamba2Dims",
-    "MixerKind",
-    "ModelGeometry",
-    "MoEDims",
-    "ShortConvDims",
-    "TensorSpec",
-    "dtype_bytes",
-    "ref_attn_flops",
-    "ref_kv_bytes",
-    "ref_mamba_flops",
-    "ref_mlp_flops",
-    "ref_state_bytes",
-    "ref_node_efficiency",
-    "ref_node_memory",
-    "ref_node_savings",
+    "AttentionDims", "FFNKind", "FlopBreakdown", "GDNDims", "LayerSpec", "MLPDims", "Mamba1Dims",
+    "Mamba2Dims", "MixerKind", "ModelGeometry", "MoEDims", "ShortConvDims", "TensorSpec",
+    "dtype_bytes", "ref_attn_flops", "ref_kv_bytes", "ref_mamba_flops", "ref_mlp_flops",
+    "ref_state_bytes", "ref_node_efficiency", "ref_node_memory", "ref_node_savings",
 ]
-
-# --------------------------------------------------------------------------------------------
-# the geometry
-
-_DIM_CLASSES: dict[str, type] = {
-    "attention": AttentionDims,
-    "mamba2": Mamba2Dims,
-    "mamba1": Mamba1Dims,
-    "gdn": GDNDims,
-    "short_conv": ShortConvDims,
-    "mlp": MLPDims,
-    "moe": MoEDims,
-}
-
-# which dims block a mixer / FFN kind needs
-_MIXER_NEEDS: dict[MixerKind, tuple[str, ...]] = {
-    MixerKind.ATTENTION: ("attention",),
-    MixerKind.MAMBA2: ("mamba2",),
-    MixerKind.MAMBA1: ("mamba1",),
-    MixerKind.GDN: ("gdn",),
-    MixerKind.SHORT_CONV: ("short_conv",),
-    MixerKind.HYBRID_PARALLEL: ("attention", "mamba2"),
-    MixerKind.NONE: (),
-}
-_FFN_NEEDS: dict[FFNKind, tuple[str, ...]] = {
-    FFNKind.MLP: ("mlp",),
-    FFNKind.MOE: ("moe",),
-    FFNKind.NONE: (),
-}
-
-
-def _divide(what: str, numerator: int, tp: int) -> int:
-    if numerator % tp:
-        raise ValueError(f"{what} = {numerator} is not divisible by tp_size = {tp}")
-    return numerator // tp
 
 
 @dataclass(frozen=True)
@@ -164,7 +119,7 @@ class ModelGeometry:
             raise ValueError(f"{self.name}: hidden_size and vocab_size must be positive")
         if self.tp_size < 1:
             raise ValueError(f"{self.name}: tp_size must be >= 1, got {self.tp_size}")
-        for key in _DIM_CLASSES:
+        for key in DIM_CLASSES:
             dims = getattr(self, key)
             if dims is None:
                 continue
@@ -184,7 +139,7 @@ class ModelGeometry:
         for i, layer in enumerate(self.layers):
             if layer.index != i:
                 raise ValueError(f"{self.name}: layer at position {i} has index {layer.index}")
-            for need in _MIXER_NEEDS[MixerKind(layer.mixer)] + _FFN_NEEDS[FFNKind(layer.ffn)]:
+            for need in MIXER_NEEDS[MixerKind(layer.mixer)] + FFN_NEEDS[FFNKind(layer.ffn)]:
                 if getattr(self, need) is None:
                     raise ValueError(
                         f"{self.name}: layer {i} ({layer.mixer.value}/{layer.ffn.value}) "
@@ -241,33 +196,10 @@ class ModelGeometry:
 
     # ---- per-rank layouts and bytes
 
-    def _kv_heads_per_rank(self) -> int:
-        a = self.attention
-        assert a is not None
-        # vLLM: KV heads are sharded when divisible, replicated (one per rank) when fewer than TP.
-        if a.num_kv_heads >= self.tp_size:
-            return _divide("num_kv_heads", a.num_kv_heads, self.tp_size)
-        if self.tp_size % a.num_kv_heads:
-            raise ValueError(
-                f"{self.name}: tp_size {self.tp_size} is not a multiple of num_kv_heads {a.num_kv_heads}"
-            )
-        return 1
-
     def kv_layout(self, num_tokens: int) -> tuple[TensorSpec, ...]:
         """Per attention layer, K then V, each ``[num_tokens, kv_heads_per_rank, head_dim]``
         in ``dtype``. Names are ``layers.{i}.k`` / ``layers.{i}.v``."""
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-        idx = self.attention_layers
-        if not idx:
-            return ()
-        assert self.attention is not None
-        shape = (num_tokens, self._kv_heads_per_rank(), self.attention.head_dim)
-        out: list[TensorSpec] = []
-        for i in idx:
-            out.append(TensorSpec(f"layers.{i}.k", shape, self.dtype))
-            out.append(TensorSpec(f"layers.{i}.v", shape, self.dtype))
-        return tuple(out)
+        return rank_layout.kv_layout(self, num_tokens)
 
     def kv_bytes_per_token(self) -> int:
         """K+V bytes of one token over all attention layers on one rank:
@@ -276,62 +208,12 @@ class ModelGeometry:
             self._memo["kv_bytes"] = sum(t.nbytes for t in self.kv_layout(1))
         return int(self._memo["kv_bytes"])
 
-    def _mixer_state(self, layer: LayerSpec) -> tuple[TensorSpec, ...]:
-        i, tp = layer.index, self.tp_size
-        conv_name, rec_name = f"layers.{i}.conv_state", f"layers.{i}.recurrent_state"
-        mixer = layer.mixer
-        if mixer in (MixerKind.MAMBA2, MixerKind.HYBRID_PARALLEL):
-            m = self.mamba2
-            assert m is not None
-            # vLLM replicates a single B/C group across ranks (extra_groups_for_head_shards).
-            groups = m.n_groups if m.n_groups % tp == 0 else tp
-            if m.n_groups % tp and m.n_groups != 1:
-                raise ValueError(f"{self.name}: mamba n_groups {m.n_groups} incompatible with tp {tp}")
-            channels = m.d_inner + 2 * groups * m.d_state
-            return (
-                TensorSpec(conv_name, (_divide("mamba conv channels", channels, tp), m.conv_kernel - 1), self.dtype),
-                TensorSpec(
-                    rec_name,
-                    (_divide("mamba num_heads", m.num_heads, tp), m.head_dim, m.d_state),
-                    self.state_dtype,
-                ),
-            )
-        if mixer == MixerKind.GDN:
-            g = self.gdn
-            assert g is not None
-            return (
-                TensorSpec(conv_name, (_divide("gdn conv channels", g.conv_channels, tp), g.conv_kernel - 1), self.dtype),
-                TensorSpec(
-                    rec_name,
-                    (_divide("gdn num_v_heads", g.num_v_heads, tp), g.head_k_dim, g.head_v_dim),
-                    self.state_dtype,
-                ),
-            )
-        if mixer == MixerKind.MAMBA1:
-            m1 = self.mamba1
-            assert m1 is not None
-            d_in = _divide("mamba d_inner", m1.d_inner, tp)
-            return (
-                TensorSpec(conv_name, (d_in, m1.conv_kernel - 1), self.dtype),
-                TensorSpec(rec_name, (d_in, m1.d_state), self.state_dtype),
-            )
-        if mixer == MixerKind.SHORT_CONV:
-            s = self.short_conv
-            assert s is not None
-            return (
-                TensorSpec(conv_name, (_divide("hidden_size", self.hidden_size, tp), s.conv_kernel - 1), self.dtype),
-            )
-        return ()
-
     def state_layout(self) -> tuple[TensorSpec, ...]:
         """One state checkpoint on one rank: per recurrent layer, in layer order, its conv state
         ``[channels/tp, conv_kernel - 1]`` (``dtype``) then its recurrent state (``state_dtype``;
         absent for short conv). Names are ``layers.{i}.conv_state`` /
         ``layers.{i}.recurrent_state``."""
-        out: list[TensorSpec] = []
-        for layer in self.layers:
-            out.extend(self._mixer_state(layer))
-        return tuple(out)
+        return rank_layout.state_layout(self)
 
     def state_bytes(self) -> int:
         """Bytes of one state checkpoint (all recurrent layers, conv + recurrent) on one rank."""
@@ -342,7 +224,7 @@ class ModelGeometry:
     def state_bytes_per_layer(self) -> dict[int, int]:
         """Checkpoint bytes split by recurrent layer index (per rank)."""
         return {
-            layer.index: sum(t.nbytes for t in self._mixer_state(layer))
+            layer.index: sum(t.nbytes for t in rank_layout.mixer_state(self, layer))
             for layer in self.layers
             if layer.mixer.is_recurrent
         }
@@ -393,7 +275,7 @@ class ModelGeometry:
         mamba2)."""
         c = dict.fromkeys(("attention", "mamba2", "mamba1", "gdn", "short_conv", "mlp", "moe"), 0)
         for layer in self.layers:
-            for need in _MIXER_NEEDS[layer.mixer] + _FFN_NEEDS[layer.ffn]:
+            for need in MIXER_NEEDS[layer.mixer] + FFN_NEEDS[layer.ffn]:
                 c[need] += 1
         return c
 
@@ -417,7 +299,7 @@ class ModelGeometry:
             "vocab_size": self.vocab_size,
             "layers": [f"{layer.mixer.value}+{layer.ffn.value}" for layer in self.layers],
         }
-        for key, cls in _DIM_CLASSES.items():
+        for key, cls in DIM_CLASSES.items():
             dims = getattr(self, key)
             if dims is not None:
                 out[key] = {f.name: getattr(dims, f.name) for f in fields(cls)}
@@ -428,53 +310,26 @@ class ModelGeometry:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "geometry") -> ModelGeometry:
-        """Inverse of :meth:`to_dict`. Layers may be ``"mixer+ffn"`` strings or
-        ``{"mixer": ..., "ffn": ...}`` mappings. Raises ValueError naming ``source`` and the
-        offending key for unknown keys, missing keys and bad values."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"{source}: expected a mapping, got {type(d).__name__}")
-        allowed = {"name", "architecture", "hidden_size", "vocab_size", "layers", "dtype", "state_dtype", "tp_size"}
-        allowed |= set(_DIM_CLASSES)
-        for key in d:
-            if key not in allowed:
-                raise ValueError(f"{source}: unknown key {key!r}; allowed: {sorted(allowed)}")
-        for key in ("name", "architecture", "hidden_size", "vocab_size", "layers"):
-            if key not in d:
-                raise ValueError(f"{source}: missing required key {key!r}")
-        kwargs: dict[str, Any] = {}
-        for key in ("name", "architecture", "dtype", "state_dtype"):
-            if key in d:
-                if not isinstance(d[key], str):
-                    raise ValueError(f"{source}: key {key!r} must be a string, got {d[key]!r}")
-                kwargs[key] = d[key]
-        for key in ("hidden_size", "vocab_size", "tp_size"):
-            if key in d:
-                kwargs[key] = _as_int(d[key], f"{source}: key {key!r}")
-        kwargs["layers"] = _parse_layers(d["layers"], source)
-        for key, dim_cls in _DIM_CLASSES.items():
-            if d.get(key) is not None:
-                kwargs[key] = _parse_dims(dim_cls, d[key], f"{source}: key {key!r}")
-        try:
-            return cls(**kwargs)
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from e
+        """Inverse of :meth:`to_dict`, validated by ``geometry_schema.GeometrySchema``
+        (layers may also be ``{"mixer": ..., "ffn": ...}`` mappings). Raises ValueError
+        naming ``source`` and the offending key for unknown keys, missing keys and bad
+        values."""
+        return cls._from_data(d, source)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ModelGeometry:
         """Load a geometry written as the :meth:`to_dict` mapping, optionally nested under a
         top-level ``model:`` key. Errors name the file and the bad key."""
-        import yaml
-
         p = Path(path)
+        return cls._from_data(read_geometry_yaml(p), str(p))
+
+    @classmethod
+    def _from_data(cls, data: object, source: str) -> ModelGeometry:
+        kwargs = parse_geometry(data, source)  # shape and types, per key
         try:
-            data = yaml.safe_load(p.read_text())
-        except OSError as e:
-            raise ValueError(f"{p}: cannot read model geometry: {e}") from e
-        except yaml.YAMLError as e:
-            raise ValueError(f"{p}: invalid YAML: {e}") from e
-        if isinstance(data, Mapping) and set(data) == {"model"}:
-            data = data["model"]
-        return cls.from_dict(data, source=str(p))
+            return cls(**kwargs)  # what only the whole can tell (dims needed, TP layout)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from e
 
     @classmethod
     def from_hf_config(
@@ -502,65 +357,4 @@ class ModelGeometry:
             kw["state_dtype"] = state_dtype
         kw["tp_size"] = tp_size
         return cls(**kw)
-
-
-def _as_int(v: object, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ValueError(f"{where} must be an integer, got {v!r}")
-    return v
-
-
-def _parse_layers(raw: object, source: str) -> tuple[LayerSpec, ...]:
-    if not isinstance(raw, list | tuple) or not raw:
-        raise ValueError(f"{source}: key 'layers' must be a non-empty list")
-    out: list[LayerSpec] = []
-    for i, item in enumerate(raw):
-        where = f"{source}: key 'layers[{i}]'"
-        if isinstance(item, str):
-            mixer_s, sep, ffn_s = item.partition("+")
-            if not sep:
-                raise ValueError(f"{where}: expected 'mixer+ffn', got {item!r}")
-        elif isinstance(item, Mapping):
-            extra = set(item) - {"mixer", "ffn", "index"}
-            if extra:
-                raise ValueError(f"{where}: unknown key(s) {sorted(extra)}")
-            mixer_s, ffn_s = item.get("mixer", "none"), item.get("ffn", "none")
-        else:
-            raise ValueError(f"{where}: expected 'mixer+ffn' or a mapping, got {item!r}")
-        try:
-            mixer = MixerKind(mixer_s)
-        except ValueError:
-            raise ValueError(f"{where}: unknown mixer {mixer_s!r}; known: {[m.value for m in MixerKind]}") from None
-        try:
-            ffn = FFNKind(ffn_s)
-        except ValueError:
-            raise ValueError(f"{where}: unknown ffn {ffn_s!r}; known: {[f.value for f in FFNKind]}") from None
-        out.append(LayerSpec(i, mixer, ffn))
-    return tuple(out)
-
-
-def _parse_dims(dim_cls: type, raw: object, where: str) -> Any:
-    if not isinstance(raw, Mapping):
-        raise ValueError(f"{where} must be a mapping, got {raw!r}")
-    names = {f.name: f for f in fields(dim_cls)}
-    for k in raw:
-        if k not in names:
-            raise ValueError(f"{where}: unknown key {k!r}; allowed: {sorted(names)}")
-    kwargs: dict[str, Any] = {}
-    for fname, f in names.items():
-        if fname not in raw:
-            if f.default is f.default_factory:  # both MISSING: a required field
-                raise ValueError(f"{where}: missing key {fname!r}")
-            continue
-        v = raw[fname]
-        if isinstance(f.default, bool):
-            if not isinstance(v, bool):
-                raise ValueError(f"{where}.{fname} must be a boolean, got {v!r}")
-            kwargs[fname] = v
-        else:
-            kwargs[fname] = _as_int(v, f"{where}.{fname}")
-            if kwargs[fname] < 0:
-                raise ValueError(f"{where}.{fname} must be >= 0, got {v!r}")
-    return dim_cls(**kwargs)
-
 

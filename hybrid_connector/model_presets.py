@@ -1,8 +1,12 @@
-"""Hand-transcribed geometries of published hybrid models, and tiny transformers configs.
+"""Geometries of published hybrid models (shipped as data), and tiny transformers configs.
 
-The presets are typed in from the models' published ``config.json`` files (no downloads are
-possible where this runs); each builder says which fields it used. ``get_preset(name)``
-returns a :class:`ModelGeometry`; ``PRESETS`` lists the names.
+The presets are YAML files in ``hybrid_connector/presets/`` (package data), one per preset,
+typed in from the models' published ``config.json`` files (no downloads are possible where
+this runs); each file's comment says which fields it used. ``presets/index.yaml`` lists
+their names in order. They are read through the same schema as any user geometry
+(``ModelGeometry.from_dict``), so a broken preset fails like a broken user file, naming the
+file and the key. ``get_preset(name)`` returns a :class:`ModelGeometry`; ``PRESETS`` lists
+the names.
 
 ``tiny_hf_config(arch)`` returns a small random-weight-sized transformers config of each
 supported family (hidden 64, 4-8 layers mixing attention and recurrent layers) for CPU
@@ -11,22 +15,14 @@ exactness tests: ``AutoModelForCausalLM.from_config(tiny_hf_config(arch))`` buil
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hybrid_connector.model import (
-    AttentionDims,
-    FFNKind,
-    GDNDims,
-    LayerSpec,
-    Mamba1Dims,
-    Mamba2Dims,
-    MixerKind,
-    MLPDims,
-    ModelGeometry,
-    MoEDims,
-)
+import yaml
+
+from hybrid_connector.model import ModelGeometry
 
 __all__ = [
     "EXTRA_TINY_ARCHS",
@@ -38,199 +34,35 @@ __all__ = [
     "tiny_hf_config",
 ]
 
-_A, _G, _M2, _M1, _N = (
-    MixerKind.ATTENTION,
-    MixerKind.GDN,
-    MixerKind.MAMBA2,
-    MixerKind.MAMBA1,
-    MixerKind.NONE,
-)
-
-
-def _layers(kinds: list[tuple[MixerKind, FFNKind]]) -> tuple[LayerSpec, ...]:
-    return tuple(LayerSpec(i, m, f) for i, (m, f) in enumerate(kinds))
-
-
-def _interval_pattern(n: int, interval: int, ffn: FFNKind) -> tuple[LayerSpec, ...]:
-    """Qwen3.5 / Qwen3-Next default: every ``interval``-th layer is full attention."""
-    return _layers([(_A if (i + 1) % interval == 0 else _G, ffn) for i in range(n)])
-
-
-def _nemotron_pattern(pattern: str) -> tuple[LayerSpec, ...]:
-    """Nemotron-H ``hybrid_override_pattern``: M = Mamba2, * = attention, - = MLP, E = MoE."""
-    table = {
-        "M": (_M2, FFNKind.NONE),
-        "*": (_A, FFNKind.NONE),
-        "-": (_N, FFNKind.MLP),
-        "E": (_N, FFNKind.MOE),
-    }
-    return _layers([table[c] for c in pattern])
-
-
 # ---------------------------------------------------------------------------------------------
 # published configs
 
-
-def qwen3_5_4b() -> ModelGeometry:
-    """Qwen/Qwen3.5-4B text_config: hidden 2560, 32 layers (full_attention_interval 4: 24 GDN +
-    8 attention), 16 heads / 4 KV heads x 256 (gated q), GDN 16 k / 32 v heads x 128, conv 4,
-    SwiGLU 9216, vocab 248320, bf16. One checkpoint: 24 x 2,146,304 B = 49.125 MiB."""
-    return ModelGeometry(
-        name="Qwen/Qwen3.5-4B",
-        architecture="qwen3_5_text",
-        hidden_size=2560,
-        vocab_size=248320,
-        layers=_interval_pattern(32, 4, FFNKind.MLP),
-        attention=AttentionDims(16, 4, 256, output_gate=True),
-        gdn=GDNDims(16, 32, 128, 128, 4),
-        mlp=MLPDims(9216),
-    )
+_DIR = resources.files("hybrid_connector") / "presets"
 
 
-def qwen3_5_0_8b() -> ModelGeometry:
-    """Qwen/Qwen3.5-0.8B text_config: hidden 1024, 24 layers (18 GDN + 6 attention), 8 heads /
-    2 KV heads x 256 (gated q), GDN 16 k / 16 v heads x 128, conv 4, SwiGLU 3584, vocab 248320.
-    (Consistent with vLLM's 544-token mamba-aligned block reported for this model.)"""
-    return ModelGeometry(
-        name="Qwen/Qwen3.5-0.8B",
-        architecture="qwen3_5_text",
-        hidden_size=1024,
-        vocab_size=248320,
-        layers=_interval_pattern(24, 4, FFNKind.MLP),
-        attention=AttentionDims(8, 2, 256, output_gate=True),
-        gdn=GDNDims(16, 16, 128, 128, 4),
-        mlp=MLPDims(3584),
-    )
+def _read(name: str) -> Any:
+    return yaml.safe_load((_DIR / name).read_text(encoding="utf-8"))
 
 
-def qwen3_next_80b_a3b() -> ModelGeometry:
-    """Qwen/Qwen3-Next-80B-A3B-Instruct: hidden 2048, 48 layers (36 GDN + 12 attention), 16
-    heads / 2 KV heads x 256 (gated q), GDN 16 k / 32 v heads x 128, conv 4, every layer MoE:
-    512 experts, top-10, expert 512, shared expert 512; vocab 151936, bf16."""
-    return ModelGeometry(
-        name="Qwen/Qwen3-Next-80B-A3B-Instruct",
-        architecture="qwen3_next",
-        hidden_size=2048,
-        vocab_size=151936,
-        layers=_interval_pattern(48, 4, FFNKind.MOE),
-        attention=AttentionDims(16, 2, 256, output_gate=True),
-        gdn=GDNDims(16, 32, 128, 128, 4),
-        mlp=MLPDims(5120),
-        moe=MoEDims(512, 10, 512, 512),
-    )
+PRESETS: tuple[str, ...] = tuple(_read("index.yaml")["presets"])
 
 
-NEMOTRON_H_8B_PATTERN = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
-
-
-def nemotron_h_8b() -> ModelGeometry:
-    """nvidia/Nemotron-H-8B-Base-8K: hidden 4096, 52 blocks (24 Mamba2, 4 attention, 24 MLP)
-    per ``hybrid_override_pattern``; 32 heads / 8 KV heads x 128; Mamba2 128 heads x 64,
-    d_state 128, 8 groups, conv 4; relu2 (ungated) MLP 21504; vocab 131072, bf16."""
-    return ModelGeometry(
-        name="nvidia/Nemotron-H-8B-Base-8K",
-        architecture="nemotron_h",
-        hidden_size=4096,
-        vocab_size=131072,
-        layers=_nemotron_pattern(NEMOTRON_H_8B_PATTERN),
-        attention=AttentionDims(32, 8, 128),
-        mamba2=Mamba2Dims(128, 64, 128, 8, 4),
-        mlp=MLPDims(21504, gated=False),
-    )
-
-
-def jamba_1_5_mini() -> ModelGeometry:
-    """ai21labs/AI21-Jamba-1.5-Mini: hidden 4096, 32 layers, attention where i % 8 == 4 (4
-    layers), Mamba (v1) elsewhere: d_inner 8192 (expand 2), d_state 16, conv 4, dt_rank 256;
-    32 heads / 8 KV heads x 128; MoE (16 experts, top-2, 14336) where i % 2 == 1, dense
-    SwiGLU 14336 elsewhere; vocab 65536, bf16."""
-    kinds = [(_A if i % 8 == 4 else _M1, FFNKind.MOE if i % 2 == 1 else FFNKind.MLP) for i in range(32)]
-    return ModelGeometry(
-        name="ai21labs/AI21-Jamba-1.5-Mini",
-        architecture="jamba",
-        hidden_size=4096,
-        vocab_size=65536,
-        layers=_layers(kinds),
-        attention=AttentionDims(32, 8, 128),
-        mamba1=Mamba1Dims(8192, 16, 4, 256),
-        mlp=MLPDims(14336),
-        moe=MoEDims(16, 2, 14336, 0),
-    )
-
-
-def bamba_9b() -> ModelGeometry:
-    """ibm-ai-platform/Bamba-9B: hidden 4096, 32 layers, attention at 9, 18, 27; Mamba2 128
-    heads x 64, d_state 128, 1 group, conv 4; 32 heads / 8 KV heads x 128; SwiGLU 14336 in
-    every layer; vocab 128256, bf16."""
-    attn = {9, 18, 27}
-    return ModelGeometry(
-        name="ibm-ai-platform/Bamba-9B",
-        architecture="bamba",
-        hidden_size=4096,
-        vocab_size=128256,
-        layers=_layers([(_A if i in attn else _M2, FFNKind.MLP) for i in range(32)]),
-        attention=AttentionDims(32, 8, 128),
-        mamba2=Mamba2Dims(128, 64, 128, 1, 4),
-        mlp=MLPDims(14336),
-    )
-
-
-def marconi_7b() -> ModelGeometry:
-    """The 7B Attention-Mamba2 hybrid Marconi evaluates: D=4096, N=128, fp16, 24 Mamba2 + 4
-    attention mixers and 28 MLPs, written Nemotron-style as 56 blocks (a mixer, then an MLP).
-
-    Choices the reference leaves open, made to match its formulas: attention is MHA (32 x
-    128, the reference ignores GQA); the MLP is ungated with I = 4D (``4*L*D*I`` = the
-    reference's 16*L*D^2); Mamba2 expand 2 (128 heads x 64, 1 group, conv 4, the
-    reference's conv term assumes expand 2); recurrent state kept in fp16 as the reference
-    does. The true state is then 2D*N*2 bytes, twice the reference's D*N*2 (reference quirk,
-    see ``ref_state_bytes``). Attention sits after mixers 3, 10, 17, 24 (evenly spaced; the
-    placement changes only ``recurrent_groups``, not bytes per object or FLOPs)."""
-    kinds: list[tuple[MixerKind, FFNKind]] = []
-    for m in range(28):
-        kinds.append((_A if m % 7 == 3 else _M2, FFNKind.NONE))
-        kinds.append((_N, FFNKind.MLP))
-    return ModelGeometry(
-        name="marconi-7b-attn-mamba2",
-        architecture="marconi_hybrid",
-        hidden_size=4096,
-        vocab_size=32000,
-        layers=_layers(kinds),
-        attention=AttentionDims(32, 32, 128),
-        mamba2=Mamba2Dims(128, 64, 128, 1, 4),
-        mlp=MLPDims(4 * 4096, gated=False),
-        dtype="float16",
-        state_dtype="float16",
-    )
-
-
-_BUILDERS: dict[str, Callable[[], ModelGeometry]] = {
-    "qwen3.5-4b": qwen3_5_4b,
-    "qwen3.5-0.8b": qwen3_5_0_8b,
-    "qwen3-next-80b-a3b": qwen3_next_80b_a3b,
-    "nemotron-h-8b": nemotron_h_8b,
-    "jamba-1.5-mini": jamba_1_5_mini,
-    "bamba-9b": bamba_9b,
-    "marconi-7b": marconi_7b,
-}
-
-PRESETS: tuple[str, ...] = tuple(_BUILDERS)
+@functools.cache
+def _preset(key: str) -> ModelGeometry:
+    """The preset ``key`` (a name in ``PRESETS``) at tp_size 1. Cached: a geometry is
+    immutable (its memo only caches derived figures), so callers may share one."""
+    return ModelGeometry.from_dict(_read(f"{key}.yaml"), source=str(_DIR / f"{key}.yaml"))
 
 
 def get_preset(name: str, *, tp_size: int = 1) -> ModelGeometry:
     """The preset geometry called ``name`` (case-insensitive; the HF repo id also works), at
     tensor-parallel size ``tp_size``. Unknown names raise ValueError listing the known ones."""
     key = name.strip().lower()
-    builder = _BUILDERS.get(key)
-    if builder is None:
-        for b in _BUILDERS.values():
-            g = b()
-            if g.name.lower() == key:
-                builder = b
-                break
-    if builder is None:
+    if key not in PRESETS:
+        key = next((k for k in PRESETS if _preset(k).name.lower() == key), "")
+    if not key:
         raise ValueError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)}")
-    geom = builder()
+    geom = _preset(key)
     if tp_size != 1:
         geom = ModelGeometry.from_dict({**geom.to_dict(), "tp_size": tp_size}, source=f"preset {name}")
     return geom
@@ -434,13 +266,3 @@ def tiny_hf_config(arch: str, **overrides: Any) -> Any:
     cfg._attn_implementation = "eager"
     return cfg
 
-
-__all__ += [
-    "bamba_9b",
-    "jamba_1_5_mini",
-    "marconi_7b",
-    "nemotron_h_8b",
-    "qwen3_5_0_8b",
-    "qwen3_5_4b",
-    "qwen3_next_80b_a3b",
-]

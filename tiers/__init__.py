@@ -4,10 +4,11 @@
 ``MemoryStore`` is the simplest implementation, ``TierManager`` the tiered one and
 ``tiers.manager.build_store(config)`` builds it from a ``HybridConfig``.
 
-Modules: ``tier`` (the ``Tier`` interface and shared bookkeeping), ``slab`` (preallocated
-slab + per-kind arena allocator), ``device``/``host`` (slab tiers), ``nvme`` (one file per
-object, atomic writes, checksummed), ``remote`` (``lm://`` and ``redis://``), ``nixl``
-(optional NIXL data path), ``codec`` (self-describing checksummed serialisation),
-``lm_protocol`` (lmcache_server wire format), ``manager`` (placement, demotion, promotion,
-pins, async loads), ``copy_engine`` (layer-wise async copies).
+Modules: ``tier`` (the ``Tier`` interface), ``indexed`` (``IndexedTier``, the bookkeeping
+the concrete tiers share), ``slab`` (preallocated slab + per-kind arena allocator),
+``device``/``host`` (slab tiers), ``nvme`` (one file per object, atomic writes,
+checksummed), ``remote`` (``lm://`` and ``redis://``), ``nixl`` (optional NIXL data path),
+``codec`` (self-describing checksummed serialisation), ``lm_protocol`` (lmcache_server wire
+format), ``manager`` (placement, demotion, promotion, pins, async loads), ``copy_engine``
+(layer-wise async copies).
 """

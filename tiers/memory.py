@@ -9,8 +9,9 @@ from collections.abc import Mapping
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers.indexed import IndexedTier
 from tiers.manager import TierManager
-from tiers.tier import Entry, IndexedTier, copy_into
+from tiers.tier import Entry, copy_into
 
 
 class MemoryTier(IndexedTier):

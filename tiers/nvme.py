@@ -47,8 +47,9 @@ from tiers.fileio import open_regular as _open_regular
 from tiers.fileio import read_exact as _read_exact
 from tiers.fileio import read_tombstone, write_tombstone
 from tiers.fileio import write_all as _write_all  # tiers.nixl imports it from here
+from tiers.indexed import IndexedTier
 from tiers.logonce import LogOnce
-from tiers.tier import Entry, IndexedTier, byte_view
+from tiers.tier import Entry, byte_view
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[0-9a-f]{40}$")

@@ -40,7 +40,8 @@ import torch
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers import codec, deadline, lm_protocol
 from tiers.deadline import DeadlineSocket
-from tiers.tier import Entry, IndexedTier, TierUnavailable
+from tiers.indexed import IndexedTier
+from tiers.tier import Entry, TierUnavailable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -18,7 +18,8 @@ from collections.abc import Mapping
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.tier import Entry, IndexedTier, copy_into, nbytes_of
+from tiers.indexed import IndexedTier
+from tiers.tier import Entry, copy_into, nbytes_of
 
 ALIGN = 64  # bytes; keeps every dtype view aligned and copies cache-line friendly
 PAGES_PER_POOL = 4096

@@ -47,11 +47,12 @@ from hybrid_connector import assemble
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorder
+from hybrid_connector.integrations.hf_replay import gather_anchors, replay_states
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
-from hybrid_connector.replay import ReplayGate, gather_anchors, replay_states
+from hybrid_connector.replay import ReplayGate
 from tiers.backend import Backend
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 :func:`measure_replay` prefills ``tokens[:p]`` once (capturing anchors and the KV), then for
 each budget k rebuilds the recurrent state at p from the last k anchors
-(:func:`hybrid_connector.replay.replay_states`), runs ``tokens[p:]`` and compares with the
+(:func:`hybrid_connector.integrations.hf_replay.replay_states`), runs ``tokens[p:]`` and compares with the
 full prefill: KL(full || replay) of the next-token distribution at every suffix position,
 top-1 agreement there, and a greedy continuation of ``continuation`` tokens (fraction
 identical up to the first divergence). :func:`calibrate_gate` records such measurements in
@@ -22,14 +22,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hybrid_connector.integrations.hf_anchors import AnchorRecorder
+from hybrid_connector.integrations.hf_replay import gather_anchors, replay_states
 from hybrid_connector.integrations.hf_state import new_model_cache
-from hybrid_connector.replay import (
-    ReplayGate,
-    ReplayQuality,
-    gather_anchors,
-    next_token_kl,
-    replay_states,
-)
+from hybrid_connector.replay import ReplayGate, ReplayQuality, next_token_kl
 
 if TYPE_CHECKING:
     from hybrid_connector.integrations.hf import HFRuntime

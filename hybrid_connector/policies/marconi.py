@@ -11,7 +11,8 @@ refreshed (Marconi); ``refresh_path=True`` refreshes the whole path (SGLang-styl
 alpha is 0). ``ObjectKind.ANCHOR`` victims are the least recently used nodes with anchors.
 
 Incremental structure (why one eviction does not walk the tree): per kind, two sorted lists
-of candidates, by ``last_access`` and by cached efficiency. A victim is found with a
+of candidates (``sortedcontainers.SortedList`` of ``(key, node id)``, so ties break by the
+smaller id), by ``last_access`` and by cached efficiency. A victim is found with a
 threshold scan (Fagin's TA) down both lists at once: a node not yet seen in either list has
 recency >= the next unseen recency and efficiency >= the next unseen efficiency, and
 utility is monotone in both (IEEE rounding is monotone too), so the scan stops as soon as
@@ -28,10 +29,10 @@ reports a grid-search result (see ``tuner.py``); the policy then adopts it.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
+from sortedcontainers import SortedList
 
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
@@ -133,8 +134,8 @@ class MarconiEviction(EvictionPolicy):
         super().bind(tree, geometry, evictable)
         self.accounting = self._accounting_factory(geometry)
         self._entries: dict[int, _Entry] = {}
-        self._by_time: dict[ObjectKind, list[tuple[float, int]]] = {k: [] for k in ObjectKind}
-        self._by_eff: dict[ObjectKind, list[tuple[float, int]]] = {k: [] for k in _RANKED}
+        self._by_time: dict[ObjectKind, SortedList] = {k: SortedList() for k in ObjectKind}
+        self._by_eff: dict[ObjectKind, SortedList] = {k: SortedList() for k in _RANKED}
         self._dirty: set[int] = set()
         self._seen_id = 1
         self._now = 0.0
@@ -185,7 +186,7 @@ class MarconiEviction(EvictionPolicy):
             return self._first_evictable(self._by_time[kind], kind)
         return self._threshold_scan(kind)
 
-    def _first_evictable(self, items: list[tuple[float, int]], kind: ObjectKind) -> Node | None:
+    def _first_evictable(self, items: SortedList, kind: ObjectKind) -> Node | None:
         """The first evictable node in ``items`` order (counted in ``scanned``)."""
         for _, nid in items:
             node = self._entries[nid].node
@@ -194,9 +195,7 @@ class MarconiEviction(EvictionPolicy):
                 return node
         return None
 
-    def _evictable_ends(
-        self, items: list[tuple[float, int]], kind: ObjectKind
-    ) -> tuple[float, float] | None:
+    def _evictable_ends(self, items: SortedList, kind: ObjectKind) -> tuple[float, float] | None:
         """Lowest and highest evictable key of ``items`` (scanned from both ends), or None."""
         def keys(it: Iterable[tuple[float, int]]) -> Iterator[float]:
             return (v for v, nid in it if self.evictable(self._entries[nid].node, kind))
@@ -221,13 +220,17 @@ class MarconiEviction(EvictionPolicy):
         best: tuple[float, int] | None = None
         best_node: Node | None = None
         seen: set[int] = set()
-        i = j = 0
-        n = len(times)
-        while i < n or j < n:
-            for items, idx in ((times, i), (effs, j)):
-                if idx >= n:
+        # Both lists hold the same candidates; walk them in step with iterators (indexing a
+        # SortedList is O(log n)), t/e being the next unseen entry of each.
+        t_it: Iterator[tuple[float, int]] = iter(times)
+        e_it: Iterator[tuple[float, int]] = iter(effs)
+        t: tuple[float, int] | None = next(t_it, None)
+        e: tuple[float, int] | None = next(e_it, None)
+        while t is not None or e is not None:
+            for item in (t, e):
+                if item is None:
                     continue
-                nid = items[idx][1]
+                nid = item[1]
                 if nid in seen:
                     continue
                 seen.add(nid)
@@ -239,11 +242,9 @@ class MarconiEviction(EvictionPolicy):
                 u = utility(recency(now, last), eff, rmin, rmax, emin, emax, alpha)
                 if best is None or (u, nid) < best:
                     best, best_node = (u, nid), entry.node
-            i, j = i + 1, j + 1
-            if best is not None and i < n and j < n:
-                bound = utility(
-                    recency(now, times[i][0]), effs[j][0], rmin, rmax, emin, emax, alpha
-                )
+            t, e = next(t_it, None), next(e_it, None)
+            if best is not None and t is not None and e is not None:
+                bound = utility(recency(now, t[0]), e[0], rmin, rmax, emin, emax, alpha)
                 if bound > best[0]:
                     break
         return best_node
@@ -313,9 +314,9 @@ class MarconiEviction(EvictionPolicy):
                 self._remove_key(kind, have, node.id)
                 del entry.keys[kind]
             if want is not None:
-                bisect.insort(self._by_time[kind], (want[0], node.id))
+                self._by_time[kind].add((want[0], node.id))
                 if kind in self._by_eff:
-                    bisect.insort(self._by_eff[kind], (want[1], node.id))
+                    self._by_eff[kind].add((want[1], node.id))
                 entry.keys[kind] = want
 
     def _dirty_chain_below(self, node: Node) -> None:
@@ -332,11 +333,10 @@ class MarconiEviction(EvictionPolicy):
         for items, value in ((self._by_time[kind], key[0]), (self._by_eff.get(kind), key[1])):
             if items is None:
                 continue
-            pos = bisect.bisect_left(items, (value, nid))
-            if pos < len(items) and items[pos] == (value, nid):
-                del items[pos]
-            else:  # pragma: no cover - would be an index bug
-                raise AssertionError(f"index lost node {nid} ({kind.value})")
+            try:
+                items.remove((value, nid))
+            except ValueError:  # pragma: no cover - would be an index bug
+                raise AssertionError(f"index lost node {nid} ({kind.value})") from None
 
     def _unindex(self, entry: _Entry) -> None:
         for kind, key in entry.keys.items():

@@ -13,8 +13,8 @@ from tier_helpers import DTYPES, make_key, make_payload, same_bits
 from hybrid_connector.keys import ObjectKind
 from tiers.device import DeviceTier
 from tiers.host import HostTier
+from tiers.indexed import IndexedTier
 from tiers.nvme import NvmeTier
-from tiers.tier import IndexedTier
 
 K = ObjectKind
 BUDGET = {K.KV: 1 << 16, K.STATE: 1 << 15, K.ANCHOR: 1 << 14}

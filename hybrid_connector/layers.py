@@ -214,7 +214,8 @@ class LayerSpec:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, per-rank shape (no batch dim) and dtype name of one stored tensor."""
+    """Name, per-rank shape (no batch dim) and dtype name of one stored tensor.
+    ``hybrid_connector.layout`` places these in payloads (byte offsets, pack/unpack)."""
 
     name: str
     shape: tuple[int, ...]

@@ -50,6 +50,7 @@ from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorde
 from hybrid_connector.integrations.hf_replay import gather_anchors, replay_states
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
 from hybrid_connector.keys import ObjectKind
+from hybrid_connector.layout import anchor_layout as layout_anchor_layout
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
 from hybrid_connector.replay import ReplayGate
@@ -310,20 +311,12 @@ class HFRuntime:
 
 
 def anchor_layout(model: Any, config: HybridConfig, adapter: HFStateAdapter) -> AnchorLayout:
-    """Anchor layout of ``model`` under ``config`` (page, density).
-
-    A page keeps at least ``(conv_kernel - 1) * L`` positions, L the longest group: the
-    conv state of the j-th layer of a group is exact only when the last ``j * (kernel-1)``
-    inputs of the group are contiguous (each layer's conv looks ``kernel - 1`` further
-    back), so fewer kept positions would make even a fast-forgetting model replay badly."""
-    kernel = max((s.kernel for s in adapter.recurrent), default=1)
-    dtype = next(model.parameters()).dtype
-    groups = adapter.geometry.recurrent_groups()
-    depth = max((len(g) for g in groups), default=1)
+    """Anchor layout of ``model`` under ``config`` (page, density): ``layout.anchor_layout``
+    of the adapter's geometry, whose ``keep`` is ``policies.anchors.anchor_keep`` (the one
+    rule, which the cache's size check uses too). A density of 0 means one position per
+    page, before the conv minimum. ``model`` is unused (the geometry carries the dtype)."""
     rho = config.anchor_density if config.anchor_density > 0 else 1.0 / config.anchor_page_size
-    return AnchorLayout.build(config.anchor_page_size, rho, groups,
-                              adapter.geometry.hidden_size, dtype,
-                              min_keep=(kernel - 1) * depth)
+    return layout_anchor_layout(adapter.geometry, config.anchor_page_size, rho)
 
 
 def _as_ids(input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -1,76 +1,50 @@
 """Anchors: the hidden states entering each recurrent group, at sparse page-aligned positions.
 
-**Layout.** Tokens are cut into pages of ``page`` tokens (``config.anchor_page_size``). In
-each page ``[s, s + page)`` the anchor keeps the **last** ``n = max(min_keep,
-ceil(rho * page))`` positions ``[s + page - n, s + page)`` (rho = ``config.anchor_density``).
-Dense sampling next to the page end (rather than uniform) follows SuffixReplay's finding
-that it is the more stable choice, and it makes the positions just before a hit at the page
-end contiguous, which the causal conv of the first layer of a group needs to be exact
-(``min_keep`` is ``conv_kernel - 1``). One anchor block per page holds, per recurrent group
-(``ModelGeometry.recurrent_groups()``, in order), the ``n`` hidden states entering the
-group's first layer: ``[groups, n, hidden]`` in the model dtype, packed 1-D, saved as
-``SaveItem(ObjectKind.ANCHOR, s, s + page, payload)``. The positions are a function of
-``(page, rho)``, which enter the cache fingerprint through ``layout``.
+**Layout** (``hybrid_connector.layout.AnchorLayout``, re-exported here; built from the
+geometry by ``layout.anchor_layout``): tokens are cut into pages of ``page`` tokens
+(``config.anchor_page_size``). In each page ``[s, s + page)`` the anchor keeps the **last**
+``keep = policies.anchors.anchor_keep(geometry, page, rho)`` positions (rho =
+``config.anchor_density``; at least ``(conv_kernel - 1) * L`` for the longest group L, so the
+causal convs of a group continue exactly). Dense sampling next to the page end (rather than
+uniform) follows SuffixReplay's finding that it is the more stable choice, and it makes the
+positions just before a hit at the page end contiguous. One anchor block per page holds, per
+recurrent group (``ModelGeometry.recurrent_groups()``, in order), the ``keep`` hidden states
+entering the group's first layer: ``[groups, keep, hidden]`` in the model dtype, packed 1-D,
+saved as ``SaveItem(ObjectKind.ANCHOR, s, s + page, payload)``; its size is
+``policies.anchors.anchor_block_bytes``, which the cache checks. The positions are a function
+of ``(page, keep)``, which enter the cache fingerprint through ``layout``.
 
 **Capture.** :class:`AnchorRecorder` puts forward pre-hooks on the group-entry decoder
-layers; the runtime tells it the absolute position of each forward's first token. Pages
-are emitted once all their kept positions have been seen.
+layers; the runtime tells it the absolute position of each forward's first token. Each hook
+gathers the kept positions of its forward straight into the page's payload with
+``kernels.pack_anchors`` (a row gather, cast to the layout dtype). Pages are emitted once all
+their kept positions have been seen.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hybrid_connector.integrations.hf_pack import PartSpec, pack, unpack
+import kernels
 from hybrid_connector.integrations.hf_state import decoder_layers
 from hybrid_connector.keys import ObjectKind
+from hybrid_connector.layout import AnchorLayout
 from hybrid_connector.plan import SaveItem
 
+__all__ = ["AnchorLayout", "AnchorRecorder"]
 
-@dataclass(frozen=True)
-class AnchorLayout:
-    """Which positions of a page are kept and how an anchor block is laid out."""
 
-    page: int
-    keep: int  # positions kept per page (the last ``keep`` of the page)
-    groups: tuple[tuple[int, ...], ...]
-    hidden: int
-    dtype: torch.dtype
+@dataclass
+class _Page:
+    """One page's anchor payload being filled: per group a ``[keep, hidden]`` part and which
+    of its rows the hooks have written."""
 
-    @classmethod
-    def build(cls, page: int, rho: float, groups: Sequence[Sequence[int]], hidden: int,
-              dtype: torch.dtype, min_keep: int = 1) -> AnchorLayout:
-        if page <= 0:
-            raise ValueError(f"anchor page size must be > 0, got {page}")
-        if not 0.0 < rho <= 1.0:
-            raise ValueError(f"anchor density must be in (0, 1], got {rho}")
-        if not groups:
-            raise ValueError("anchors need at least one recurrent group")
-        keep = min(page, max(min_keep, math.ceil(rho * page)))
-        return cls(page, keep, tuple(tuple(g) for g in groups), hidden, dtype)
-
-    def positions(self, page_start: int) -> range:
-        """Absolute token positions kept for the page starting at ``page_start``."""
-        return range(page_start + self.page - self.keep, page_start + self.page)
-
-    @property
-    def specs(self) -> list[PartSpec]:
-        return [PartSpec(f"group.{g[0]}", (self.keep, self.hidden), self.dtype) for g in self.groups]
-
-    def pack(self, per_group: Sequence[torch.Tensor]) -> torch.Tensor:
-        return pack(per_group, self.specs)
-
-    def unpack(self, payload: torch.Tensor) -> list[torch.Tensor]:
-        """Payload -> one ``[keep, hidden]`` tensor per group (ValueError if it does not fit)."""
-        return unpack(payload, self.specs)
-
-    def fingerprint(self) -> dict[str, object]:
-        return {"anchor_page": self.page, "anchor_keep": self.keep}
+    payload: torch.Tensor
+    parts: dict[str, torch.Tensor]
+    filled: torch.Tensor  # bool [groups, keep]
 
 
 class AnchorRecorder:
@@ -87,7 +61,7 @@ class AnchorRecorder:
         self.layout = layout
         self._pos0 = 0
         self._enabled = True
-        self._buf: list[dict[int, torch.Tensor]] = [{} for _ in layout.groups]
+        self._pages: dict[int, _Page] = {}
         self._emitted: set[int] = set()
         self._handles: list[Any] = []
 
@@ -109,10 +83,20 @@ class AnchorRecorder:
         self._enabled = enabled
 
     def reset(self) -> None:
-        self._buf = [{} for _ in self.layout.groups]
+        self._pages.clear()
         self._emitted.clear()
 
+    def _page(self, start: int, device: torch.device) -> _Page:
+        pg = self._pages.get(start)
+        if pg is None:
+            payload, parts = self.layout.payload.allocate(device)
+            filled = torch.zeros((len(self.layout.groups), self.layout.keep), dtype=torch.bool)
+            pg = self._pages[start] = _Page(payload, parts, filled)
+        return pg
+
     def _hook(self, gi: int) -> Any:
+        name = self.layout.payload.parts[gi].name
+
         def hook(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             if not self._enabled:
                 return
@@ -120,15 +104,15 @@ class AnchorRecorder:
             n = int(h.shape[1])
             page, keep = self.layout.page, self.layout.keep
             lo, hi = self._pos0, self._pos0 + n
-            first = lo - lo % page
-            buf = self._buf[gi]
-            for s in range(first, hi, page):
-                a = max(lo, s + page - keep)
-                b = min(hi, s + page)
-                if a < b:
-                    chunk = h[0, a - lo : b - lo].detach().clone()  # not a view: frees h
-                    for j in range(b - a):
-                        buf[a + j] = chunk[j]
+            for s in range(lo - lo % page, hi, page):
+                first = s + page - keep  # first kept position of the page
+                a, b = max(lo, first), min(hi, s + page)
+                if a >= b or s in self._emitted:
+                    continue
+                pg = self._page(s, h.device)
+                kernels.pack_anchors(h[0].detach(), torch.arange(a - lo, b - lo),
+                                     out=pg.parts[name][a - first : b - first])
+                pg.filled[gi, a - first : b - first] = True
         return hook
 
     def pages(self, upto: int) -> list[SaveItem]:
@@ -138,13 +122,11 @@ class AnchorRecorder:
         page = self.layout.page
         for end in range(page, upto + 1, page):
             start = end - page
-            if start in self._emitted:
+            pg = self._pages.get(start)
+            if start in self._emitted or pg is None or not bool(pg.filled.all()):
                 continue
-            pos = self.layout.positions(start)
-            if not all(all(p in buf for p in pos) for buf in self._buf):
-                continue
-            per_group = [torch.stack([buf.pop(p) for p in pos]).to(self.layout.dtype)
-                         for buf in self._buf]
-            out.append(SaveItem(ObjectKind.ANCHOR, start, end, self.layout.pack(per_group)))
+            del self._pages[start]
+            out.append(SaveItem(ObjectKind.ANCHOR, start, end,
+                                self.layout.payload.commit(pg.payload, pg.parts)))
             self._emitted.add(start)
         return out

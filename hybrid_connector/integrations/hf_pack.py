@@ -1,88 +1,86 @@
-"""Pack a list of tensors into ONE contiguous 1-D tensor and back.
+"""Move bytes between transformers' cache tensors and payload parts, through ``kernels/``.
 
-The cache stores opaque contiguous tensors; the transformers adapter decides what goes in
-them. A payload is the concatenation of its parts, flattened in order. When every part has
-the same dtype the payload keeps that dtype (readable in a debugger, no copies through
-bytes); mixed dtypes (bf16 KV next to fp32 recurrent state) are packed as raw ``uint8``
-bytes. Unpacking needs the same :class:`PartSpec` list and checks sizes, so a payload of
-another layout is rejected with a clear error instead of being misread.
+What the parts are is ``hybrid_connector.layout`` (one description from the geometry); this
+module only moves them, each move one call of the ``kernels`` dispatch point (CUDA kernels
+for CUDA tensors, bit-identical torch code elsewhere):
+
+* KV: a ``DynamicLayer`` holds ``[1, heads, seq, head_dim]``, a KV part is token-major
+  ``[n, heads, head_dim]``. Both are row tensors of ``head_dim`` values, so the transpose is
+  a row gather (``kernels.pack_anchors``, same dtype) on the way out and a row scatter
+  (``kernels.unpack_anchors``) on the way in: part row ``t * heads + h`` is cache row
+  ``h * seq + start + t``.
+* Conv state: the cache holds ``[1, channels, kernel]``, the part keeps the last
+  ``kernel - 1`` columns: rows of ``kernel - 1`` values at a row stride of ``kernel``, which
+  the same row kernels move (and cast, when a caller's dtype differs).
+* Recurrent state: whole dense tensors, copied as pages (``kernels.copy_state_pages``), all
+  layers of a checkpoint in one call.
+
+Destinations are always written through views (never a silent copy), and sources are only
+read. Shapes are checked by the kernels (ValueError naming the argument).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class PartSpec:
-    """Shape (no batch dim) and dtype of one packed part."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+import kernels
 
 
-def payload_dtype(specs: Sequence[PartSpec]) -> torch.dtype:
-    """The dtype a payload of ``specs`` is stored in (shared dtype, else ``uint8``)."""
-    dtypes = {s.dtype for s in specs}
-    return dtypes.pop() if len(dtypes) == 1 else torch.uint8
+def _kv_rows(heads: int, seq: int, start: int, n: int) -> torch.Tensor:
+    """Cache row of part row ``t * heads + h``: ``h * seq + start + t`` (host int64)."""
+    t = torch.arange(start, start + n, dtype=torch.int64).unsqueeze(1)
+    h = torch.arange(heads, dtype=torch.int64).unsqueeze(0) * seq
+    return (t + h).reshape(-1)
 
 
-def payload_nbytes(specs: Sequence[PartSpec]) -> int:
-    return sum(s.nbytes for s in specs)
+def gather_kv(cache: torch.Tensor, start: int, out: torch.Tensor) -> None:
+    """``out[t] = cache[0, :, start + t]`` for ``out`` ``[n, heads, head_dim]`` (contiguous,
+    the cache's dtype) and ``cache`` ``[1, heads, seq, head_dim]``."""
+    n, heads, dim = out.shape
+    seq = int(cache.shape[2])
+    rows = cache[0].reshape(heads * seq, dim)
+    kernels.pack_anchors(rows, _kv_rows(heads, seq, start, n), out=out.view(n * heads, dim))
 
 
-def pack(parts: Sequence[torch.Tensor], specs: Sequence[PartSpec]) -> torch.Tensor:
-    """One new contiguous 1-D tensor holding ``parts`` (which must match ``specs`` in
-    shape and dtype; ValueError naming the part otherwise). Inputs are not modified."""
-    if len(parts) != len(specs):
-        raise ValueError(f"pack: {len(parts)} tensors for {len(specs)} specs")
-    if not specs:
-        raise ValueError("pack: nothing to pack")
-    out_dtype = payload_dtype(specs)
-    flat: list[torch.Tensor] = []
-    for t, s in zip(parts, specs, strict=True):
-        if tuple(t.shape) != s.shape or t.dtype != s.dtype:
-            raise ValueError(
-                f"pack: part {s.name!r} is {tuple(t.shape)} {t.dtype}, expected {s.shape} {s.dtype}"
-            )
-        f = t.detach().contiguous().reshape(-1)
-        flat.append(f.view(torch.uint8) if out_dtype == torch.uint8 else f)
-    return torch.cat(flat)
+def scatter_kv(part: torch.Tensor, dst: torch.Tensor, start: int) -> None:
+    """``dst[0, :, start + t] = part[t]`` for ``part`` ``[m, heads, head_dim]`` and ``dst``
+    ``[1, heads, seq, head_dim]`` (contiguous; converted to its dtype)."""
+    m, heads, dim = part.shape
+    seq = int(dst.shape[2])
+    kernels.unpack_anchors(part.contiguous().view(m * heads, dim), dst[0].view(heads * seq, dim),
+                           _kv_rows(heads, seq, start, m))
 
 
-def unpack(payload: torch.Tensor, specs: Sequence[PartSpec]) -> list[torch.Tensor]:
-    """Views into ``payload`` (made contiguous first), one per spec, shaped and typed as
-    ``specs`` say. Raises ValueError when the payload's dtype or size does not match."""
-    want = payload_dtype(specs)
-    flat = payload.detach().contiguous().reshape(-1)
-    if flat.dtype != want:
-        raise ValueError(f"unpack: payload dtype {flat.dtype}, layout expects {want}")
-    total = sum(s.nbytes if want == torch.uint8 else s.numel for s in specs)
-    if flat.numel() != total:
-        raise ValueError(
-            f"unpack: payload has {flat.numel()} elements, layout of {len(specs)} parts "
-            f"expects {total} (a payload of another model or layout?)"
-        )
-    out: list[torch.Tensor] = []
-    off = 0
-    for s in specs:
-        n = s.nbytes if want == torch.uint8 else s.numel
-        piece = flat[off : off + n]
-        off += n
-        if want == torch.uint8:
-            piece = piece.view(s.dtype)
-        out.append(piece.view(s.shape))
-    return out
+def gather_conv(conv: torch.Tensor, out: torch.Tensor) -> None:
+    """The last ``kernel - 1`` columns of ``conv`` ``[1, *channels, kernel]`` into ``out``
+    ``[*channels, kernel - 1]`` (contiguous, the conv's dtype)."""
+    kernel = int(conv.shape[-1])
+    rows = conv[0].reshape(-1, kernel)[:, 1:]
+    kernels.pack_anchors(rows, torch.arange(rows.shape[0]), out=out.view(-1, kernel - 1))
+
+
+def scatter_conv(conv: torch.Tensor, dst: torch.Tensor) -> None:
+    """Write ``conv`` (``[*channels, kernel - 1]`` or ``[*channels, kernel]``, any float
+    dtype, on ``dst``'s device) into ``dst`` ``[1, *channels, kernel]`` (contiguous), cast
+    to ``dst``'s dtype. A ``kernel - 1`` wide conv is right-aligned and the oldest column
+    zeroed, as transformers pads a prefill shorter than the kernel."""
+    kernel = int(dst.shape[-1])
+    width = int(conv.shape[-1])
+    rows = dst[0].view(-1, kernel)
+    if width == kernel - 1:
+        rows[:, 0].zero_()
+        rows = rows[:, 1:]
+    elif width != kernel:
+        raise ValueError(f"conv state is {width} wide, the cache's kernel is {kernel}")
+    data = conv.contiguous().view(-1, width)
+    kernels.unpack_anchors(data, rows, torch.arange(data.shape[0]))
+
+
+def copy_states(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for same-shape, same-dtype dense tensors on one device, as
+    one ``kernels.copy_state_pages`` call (each tensor one page)."""
+    if src:
+        kernels.copy_state_pages([s.unsqueeze(0) for s in src], [d.unsqueeze(0) for d in dst],
+                                 [0], [0])

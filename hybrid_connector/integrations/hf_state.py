@@ -10,17 +10,19 @@ Falcon-H1, GraniteMoeHybrid) one cache type, ``DynamicCache``, whose per-layer o
 * ``LinearAttentionAndFullAttentionLayer`` (Falcon-H1's parallel layer): both.
 
 :class:`HFStateAdapter` discovers that layout once by running one token through a fresh
-cache (``probe``), checks it against the :class:`ModelGeometry`, and then converts between
-the model's cache objects and the connector's payloads:
+cache (``probe``), checks that every tensor it holds is the part that the geometry's payload
+layout (``hybrid_connector.layout``, the one description of the bytes) says, and then
+converts between the model's cache objects and payloads of exactly those layouts:
 
-* **KV chunk** ``[s, e)``: per attention layer (layer order), K then V, each
-  ``[e - s, kv_heads, head_dim]`` (the geometry's ``kv_layout`` order), packed into one 1-D
-  tensor.
-* **State checkpoint**: per recurrent layer (layer order) and state index, the conv state's
-  last ``kernel - 1`` columns ``[channels, kernel - 1]`` (model.py's convention: the oldest
-  column transformers keeps is never read by the causal conv of the next step) then the
-  recurrent state, packed into one 1-D tensor. Restoring pads the conv state back to the
-  kernel width with a zero column.
+* **KV chunk** ``[s, e)``: ``layout.kv_layout(geometry, e - s)``: per attention layer (layer
+  order), K then V, each token-major ``[e - s, kv_heads, head_dim]``.
+* **State checkpoint**: ``layout.state_layout(geometry)``: per recurrent layer (layer order)
+  the conv state's last ``kernel - 1`` columns ``[channels, kernel - 1]`` (the oldest column
+  transformers keeps is never read by the causal conv of the next step) then the recurrent
+  state. Restoring pads the conv state back to the kernel width with a zero column.
+
+The bytes move through ``kernels/`` (see ``hf_pack``): row gathers and scatters for KV and
+conv states, page copies for recurrent states.
 
 A state can only be read where the model stopped: to checkpoint at an intermediate
 position p, the runtime splits the prefill at p (run ``[0, p)``, ``extract_state``,
@@ -30,13 +32,15 @@ continue). Nothing here mutates a cache except :meth:`restore` (which builds a n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from hybrid_connector.integrations.hf_pack import PartSpec, pack, payload_nbytes, unpack
+from hybrid_connector.integrations import hf_pack
+from hybrid_connector.layout import PayloadLayout, kv_layout, state_layout
 from hybrid_connector.model import ModelGeometry
 
 
@@ -54,6 +58,16 @@ class RecurrentSlot:
     @property
     def kernel(self) -> int:
         return self.conv_shape[-1]
+
+    @property
+    def conv_part(self) -> str:
+        """Name of the conv state's part in ``layout.state_layout``."""
+        return f"layers.{self.layer}.conv_state"
+
+    @property
+    def rec_part(self) -> str:
+        """Name of the recurrent state's part in ``layout.state_layout``."""
+        return f"layers.{self.layer}.recurrent_state"
 
 
 @dataclass(frozen=True)
@@ -102,7 +116,8 @@ class HFStateAdapter:
                 f"{type(model).__name__}: cache has attention layers {att} and recurrent layers "
                 f"{rec}, geometry says {geometry.attention_layers} / {geometry.recurrent_layers}"
             )
-        self.state_specs = self._state_specs()
+        self.state_layout: PayloadLayout = state_layout(geometry)
+        self._check_layout()
         self.num_layers = len(decoder_layers(model))
 
     # ------------------------------------------------------------------ layout
@@ -156,29 +171,48 @@ class HFStateAdapter:
                 "head sizes differ (e.g. multi-head latent attention), and a KV chunk holds "
                 "one head shape for both")
 
-    def kv_specs(self, num_tokens: int) -> list[PartSpec]:
-        out = []
+    def _check_layout(self) -> None:
+        """ValueError unless every tensor the cache holds is the part the geometry's layout
+        says (shape without batch, dtype; the conv state ``kernel - 1`` wide), naming the
+        layer: the adapter packs exactly ``layout.kv_layout`` / ``layout.state_layout``."""
+        where = type(self.model).__name__
+        kv = kv_layout(self.geometry, 1)
         for a in self.attention:
-            shape = (num_tokens, a.kv_heads, a.head_dim)
-            out.append(PartSpec(f"layers.{a.layer}.k", shape, a.dtype))
-            out.append(PartSpec(f"layers.{a.layer}.v", shape, a.dtype))
-        return out
-
-    def _state_specs(self) -> list[PartSpec]:
-        out = []
+            part = kv.part(f"layers.{a.layer}.k")
+            have = ((1, a.kv_heads, a.head_dim), a.dtype)
+            if have != (part.shape, part.torch_dtype):
+                raise ValueError(f"{where}: layer {a.layer} caches K/V of {a.kv_heads} x "
+                                 f"{a.head_dim} {a.dtype} per token, the geometry's layout says "
+                                 f"{part.shape[1]} x {part.shape[2]} {part.torch_dtype}")
+        seen: set[int] = set()
         for s in self.recurrent:
-            conv = (*s.conv_shape[:-1], s.kernel - 1)
-            out.append(PartSpec(f"layers.{s.layer}.{s.index}.conv_state", conv, s.conv_dtype))
-            if s.rec_shape is not None and s.rec_dtype is not None:
-                out.append(PartSpec(f"layers.{s.layer}.{s.index}.recurrent_state",
-                                    s.rec_shape, s.rec_dtype))
-        return out
+            if s.layer in seen:
+                raise ValueError(f"{where}: layer {s.layer} caches more than one recurrent state "
+                                 f"(state index {s.index}); the geometry's layout has one per layer")
+            seen.add(s.layer)
+            conv = self.state_layout.part(s.conv_part)
+            want = (conv.shape, conv.torch_dtype)
+            if ((*s.conv_shape[:-1], s.kernel - 1), s.conv_dtype) != want:
+                raise ValueError(f"{where}: layer {s.layer} conv state {s.conv_shape} {s.conv_dtype} "
+                                 f"keeps {(*s.conv_shape[:-1], s.kernel - 1)}, the geometry's "
+                                 f"layout says {want[0]} {want[1]}")
+            rec = (self.state_layout.part(s.rec_part) if s.rec_part in self.state_layout.names
+                   else None)
+            have_rec = None if s.rec_shape is None else (s.rec_shape, s.rec_dtype)
+            if have_rec != (None if rec is None else (rec.shape, rec.torch_dtype)):
+                raise ValueError(f"{where}: layer {s.layer} recurrent state {have_rec}, the "
+                                 f"geometry's layout says "
+                                 f"{None if rec is None else (rec.shape, rec.torch_dtype)}")
+
+    def kv_layout(self, num_tokens: int) -> PayloadLayout:
+        """The layout of a KV chunk of ``num_tokens`` tokens (``layout.kv_layout``)."""
+        return kv_layout(self.geometry, num_tokens)
 
     def state_nbytes(self) -> int:
-        return payload_nbytes(self.state_specs)
+        return self.state_layout.nbytes
 
     def kv_nbytes(self, num_tokens: int) -> int:
-        return payload_nbytes(self.kv_specs(num_tokens))
+        return self.kv_layout(num_tokens).nbytes
 
     # ---------------------------------------------------------------- extract
     def kv_length(self, cache: Any) -> int:
@@ -189,30 +223,42 @@ class HFStateAdapter:
         return 0 if keys is None or keys.numel() == 0 else int(keys.shape[-2])
 
     def extract_kv(self, cache: Any, start: int, end: int) -> torch.Tensor:
-        """Pack the KV of tokens ``[start, end)`` of every attention layer (batch row 0).
-        Raises ValueError when the cache does not hold those tokens."""
+        """The KV chunk of tokens ``[start, end)`` of every attention layer (batch row 0), a
+        payload of ``kv_layout(end - start)`` on the cache's device, written by the kernels'
+        row gather. Raises ValueError when the cache does not hold those tokens."""
         held = self.kv_length(cache)
         if not 0 <= start < end <= held:
             raise ValueError(f"extract_kv: [{start}, {end}) is outside the {held} cached tokens")
-        parts = []
+        layout = self.kv_layout(end - start)
+        payload, views = layout.allocate(cache.layers[self.attention[0].layer].keys.device)
         for a in self.attention:
             layer = cache.layers[a.layer]
-            parts.append(layer.keys[0, :, start:end].transpose(0, 1))
-            parts.append(layer.values[0, :, start:end].transpose(0, 1))
-        return pack(parts, self.kv_specs(end - start))
+            hf_pack.gather_kv(layer.keys, start, views[f"layers.{a.layer}.k"])
+            hf_pack.gather_kv(layer.values, start, views[f"layers.{a.layer}.v"])
+        return layout.commit(payload, views)
 
     def extract_state(self, cache: Any) -> torch.Tensor:
-        """Pack the recurrent state the cache holds now (after the last token it ran)."""
-        parts = []
+        """The state the cache holds now (after the last token it ran), a payload of
+        ``state_layout`` on the cache's device: conv columns by the kernels' row gather, all
+        recurrent states in one page copy."""
+        layout = self.state_layout
+        device = None
+        convs: list[tuple[torch.Tensor, str]] = []
+        recs: list[tuple[torch.Tensor, str]] = []
         for s in self.recurrent:
             layer = cache.layers[s.layer]
             conv = layer.conv_states[s.index]
             if conv is None:
                 raise ValueError(f"extract_state: layer {s.layer} has no state yet (nothing ran)")
-            parts.append(conv[0, ..., -(s.kernel - 1):])
+            device = conv.device
+            convs.append((conv, s.conv_part))
             if s.rec_shape is not None:
-                parts.append(layer.recurrent_states[s.index][0])
-        return pack(parts, self.state_specs)
+                recs.append((layer.recurrent_states[s.index][0].contiguous(), s.rec_part))
+        payload, views = layout.allocate(device)
+        for conv, name in convs:
+            hf_pack.gather_conv(conv, views[name])
+        hf_pack.copy_states([r for r, _ in recs], [views[n] for _, n in recs])
+        return layout.commit(payload, views)
 
     def layer_states(self, cache: Any, layers: Sequence[int]) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]]:
         """The raw (full-width conv, recurrent) tensors of ``layers`` in ``cache`` (views)."""
@@ -236,59 +282,66 @@ class HFStateAdapter:
         cache = new_model_cache(self.model)
         device = next(self.model.parameters()).device
         if self.attention and num_tokens > 0:
+            bufs = [torch.empty((1, a.kv_heads, num_tokens, a.head_dim), dtype=a.dtype, device=device)
+                    for a in self.attention for _ in range(2)]
             pos = 0
-            per_layer: list[list[torch.Tensor]] = [[] for _ in range(2 * len(self.attention))]
             for payload, (s, e) in zip(kv_payloads, kv_ranges, strict=True):
                 if s != pos:
                     raise ValueError(f"restore: KV chunks are not contiguous at {pos} (got [{s}, {e}))")
-                for j, t in enumerate(unpack(payload, self.kv_specs(e - s))):
-                    per_layer[j].append(t)
+                parts = self.kv_layout(e - s).unpack(payload.to(device))
+                m = min(e, num_tokens) - s
+                for part, buf in zip(parts.values(), bufs, strict=True):
+                    hf_pack.scatter_kv(part[:m], buf, s)
                 pos = e
                 if pos >= num_tokens:
                     break
             if pos < num_tokens:
                 raise ValueError(f"restore: KV reaches {pos} tokens, need {num_tokens}")
             for j, a in enumerate(self.attention):
-                k = torch.cat(per_layer[2 * j])[:num_tokens].transpose(0, 1).unsqueeze(0)
-                v = torch.cat(per_layer[2 * j + 1])[:num_tokens].transpose(0, 1).unsqueeze(0)
-                cache.layers[a.layer].update(k.to(device).contiguous(), v.to(device).contiguous())
+                cache.layers[a.layer].update(bufs[2 * j], bufs[2 * j + 1])
         if state is not None:
             self.set_states(cache, self.unpack_state(state))
         return cache
 
     def unpack_state(self, state: torch.Tensor) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]]:
-        """Packed state -> {(layer, index): (conv [channels, kernel-1], recurrent)}."""
-        parts = iter(unpack(state, self.state_specs))
-        out: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]] = {}
-        for s in self.recurrent:
-            conv = next(parts)
-            rec = next(parts) if s.rec_shape is not None else None
-            out[(s.layer, s.index)] = (conv, rec)
-        return out
+        """Packed state -> {(layer, index): (conv [channels, kernel-1], recurrent)} (views).
+        Raises ValueError, naming the part, for a payload of another layout."""
+        parts = self.state_layout.unpack(state)
+        return {(s.layer, s.index): (parts[s.conv_part],
+                                     parts[s.rec_part] if s.rec_shape is not None else None)
+                for s in self.recurrent}
 
     def set_states(self, cache: Any,
                    states: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]]) -> None:
-        """Write recurrent states into ``cache`` through the layer's own update methods, so
-        the layer is marked as having a previous state. Conv states may be given at the
-        kernel width or at ``kernel - 1`` (zero-padded on the left). Mutates ``cache``."""
+        """Write recurrent states into ``cache``'s own state tensors (allocated through the
+        layer's update methods the first time) and mark the layer as having a previous
+        state. Conv states (with or without a batch dim of 1) may be given at the kernel width
+        or at ``kernel - 1`` (then zero-padded on the left); values are cast to the cache's dtypes. The bytes move
+        through the kernels (conv rows scatter, one page copy for the recurrent states).
+        Mutates ``cache``."""
         device = next(self.model.parameters()).device
+        src: list[torch.Tensor] = []
+        dst: list[torch.Tensor] = []
         for s in self.recurrent:
             if (s.layer, s.index) not in states:
                 continue
             conv, rec = states[(s.layer, s.index)]
-            conv = conv.to(device=device, dtype=s.conv_dtype)
-            if conv.shape[-1] == s.kernel - 1:
-                conv = torch.nn.functional.pad(conv, (1, 0))
-            if tuple(conv.shape[-len(s.conv_shape):]) != s.conv_shape:
+            rows = math.prod(s.conv_shape[:-1])
+            if conv.numel() != rows * conv.shape[-1] or conv.shape[-1] not in (s.kernel - 1, s.kernel):
                 raise ValueError(f"set_states: layer {s.layer} conv {tuple(conv.shape)} != {s.conv_shape}")
             layer = cache.layers[s.layer]
-            conv_b = conv.reshape(1, *s.conv_shape).clone()
-            if layer.is_conv_states_initialized[s.index]:
-                layer.conv_states[s.index].copy_(conv_b)
-                layer.has_previous_state[s.index] = True
-            else:
-                layer.update_conv_state(conv_b, state_idx=s.index, conv_kernel_size=s.kernel)
-            if rec is not None and s.rec_shape is not None:
-                layer.update_recurrent_state(
-                    rec.to(device=device, dtype=s.rec_dtype).reshape(1, *s.rec_shape).clone(),
-                    state_idx=s.index)
+            if not layer.is_conv_states_initialized[s.index]:
+                layer.update_conv_state(torch.zeros((1, *s.conv_shape), dtype=s.conv_dtype, device=device),
+                                        state_idx=s.index, conv_kernel_size=s.kernel)
+            hf_pack.scatter_conv(conv.to(device), layer.conv_states[s.index])
+            layer.has_previous_state[s.index] = True
+            if rec is not None and s.rec_shape is not None and s.rec_dtype is not None:
+                if not layer.is_recurrent_states_initialized[s.index]:
+                    layer.update_recurrent_state(
+                        torch.zeros((1, *s.rec_shape), dtype=s.rec_dtype, device=device), state_idx=s.index)
+                r = rec.to(device=device, dtype=s.rec_dtype).reshape(s.rec_shape).contiguous()
+                d = layer.recurrent_states[s.index][0]
+                if r.data_ptr() != d.data_ptr():  # a cache's own state: nothing to copy
+                    src.append(r)
+                    dst.append(d)
+        hf_pack.copy_states(src, dst)

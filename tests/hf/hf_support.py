@@ -15,7 +15,6 @@ pytest.importorskip("transformers")
 
 from hybrid_connector.config import HybridConfig, load_config  # noqa: E402
 from hybrid_connector.integrations.hf import HFRuntime  # noqa: E402
-from hybrid_connector.integrations.hf_pack import unpack  # noqa: E402
 from hybrid_connector.integrations.hf_quality import long_memory_  # noqa: E402
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache  # noqa: E402
 from hybrid_connector.keys import ObjectKind  # noqa: E402
@@ -112,14 +111,12 @@ def cache_tensors(adapter: HFStateAdapter, mc: Any, p: int) -> tuple[dict[str, t
     errors: list[str] = []
     if adapter.attention:
         try:
-            specs = adapter.kv_specs(p)
-            out.update(zip((s.name for s in specs), unpack(adapter.extract_kv(mc, 0, p), specs), strict=True))
+            out.update(adapter.kv_layout(p).unpack(adapter.extract_kv(mc, 0, p)))
         except ValueError as e:
             errors.append(f"KV: {e}")
     if adapter.recurrent:
         try:
-            specs = adapter.state_specs
-            out.update(zip((s.name for s in specs), unpack(adapter.extract_state(mc), specs), strict=True))
+            out.update(adapter.state_layout.unpack(adapter.extract_state(mc)))
         except ValueError as e:
             errors.append(f"state: {e}")
     return out, errors

@@ -18,7 +18,6 @@ from hf_support import (
     tiny_model,
 )
 
-from hybrid_connector.integrations.hf_pack import PartSpec, pack, unpack
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
 from hybrid_connector.model import ModelGeometry
 
@@ -116,17 +115,6 @@ def test_restore_rejects_foreign_payload() -> None:
     with pytest.raises(ValueError, match="not contiguous"):
         kv = torch.zeros(rt.adapter.kv_nbytes(4) // 4)
         rt.adapter.restore([kv], [(4, 8)], 4, None)
-
-
-def test_pack_roundtrip_mixed_dtypes() -> None:
-    specs = [PartSpec("a", (2, 3), torch.bfloat16), PartSpec("b", (4,), torch.float32)]
-    parts = [torch.randn(2, 3).bfloat16(), torch.randn(4)]
-    payload = pack(parts, specs)
-    assert payload.dtype == torch.uint8 and payload.is_contiguous() and payload.dim() == 1
-    for x, y in zip(unpack(payload, specs), parts, strict=True):
-        assert torch.equal(x, y)
-    with pytest.raises(ValueError, match="part 'b'"):
-        pack([parts[0], torch.zeros(5)], specs)
 
 
 def test_bad_input_ids() -> None:

@@ -17,7 +17,8 @@ import torch
 
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
-from hybrid_connector.index import CacheIndex, Policies
+from hybrid_connector.index import CacheIndex
+from hybrid_connector.index_core import Policies
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.policies import build
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy

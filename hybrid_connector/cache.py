@@ -34,11 +34,13 @@ import torch
 
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.hashes import Hashes
-from hybrid_connector.index import CacheIndex, CacheStats, Lease, Policies, check_alignment
+from hybrid_connector.index import CacheIndex
+from hybrid_connector.index_core import CacheStats, Lease, Policies, check_alignment
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
-from hybrid_connector.policies.base import SavePlan
+from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
+from hybrid_connector.radix import RadixTree
 from hybrid_connector.saving import SaveTicket
 from tiers.backend import Backend
 from tiers.executor import Executor
@@ -66,14 +68,37 @@ class HybridCache:
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hc-load")
 
     # ---------------------------------------------------------------- views
-    config = property(lambda self: self.index.config)
-    geometry = property(lambda self: self.index.geometry)
-    fingerprint = property(lambda self: self.index.fingerprint)
-    tree = property(lambda self: self.index.tree)
-    stats: CacheStats = property(lambda self: self.index.stats)  # type: ignore[assignment]
-    eviction = property(lambda self: self.index.eviction)
-    admission = property(lambda self: self.index.admission)
-    needs_state = property(lambda self: self.index.needs_state)
+    @property
+    def config(self) -> HybridConfig:
+        return self.index.config
+
+    @property
+    def geometry(self) -> ModelGeometry:
+        return self.index.geometry
+
+    @property
+    def fingerprint(self) -> str:
+        return self.index.fingerprint
+
+    @property
+    def tree(self) -> RadixTree:
+        return self.index.tree
+
+    @property
+    def stats(self) -> CacheStats:
+        return self.index.stats
+
+    @property
+    def eviction(self) -> EvictionPolicy:
+        return self.index.eviction
+
+    @property
+    def admission(self) -> AdmissionPolicy:
+        return self.index.admission
+
+    @property
+    def needs_state(self) -> bool:
+        return self.index.needs_state
 
     def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
         """Payload bytes the geometry gives an object (see ``Saver.expected_nbytes``)."""

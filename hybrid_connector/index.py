@@ -25,81 +25,28 @@ Thread safety: one re-entrant lock per index; the backend's lock is taken inside
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.hit import Hit, Usable, find_hit, kv_chain
-from hybrid_connector.keys import ObjectKey, ObjectKind, as_tokens, model_fingerprint
+from hybrid_connector.index_core import IndexCore, Lease, Policies
+from hybrid_connector.keys import ObjectKey, as_tokens
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.policies.admission import branch_point
-from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
-from hybrid_connector.radix import IntegrityError, MatchResult, Node, ObjectRef, RadixTree
+from hybrid_connector.policies.base import SavePlan
+from hybrid_connector.radix import IntegrityError, MatchResult, Node, ObjectRef
 from hybrid_connector.reclaim import Reclaimer
 from hybrid_connector.saving import Saver, SaveTicket
 from tiers.backend import Backend
-from tiers.ledger import Placement
-from tiers.ops import Op
 from tiers.store import StoreHooks
 
 
-class Policies(NamedTuple):
-    """The policies an index runs (built by ``hybrid_connector.assemble``)."""
-
-    eviction: EvictionPolicy
-    admission: AdmissionPolicy
-
-
-@dataclass
-class CacheStats:
-    """Running counters (mutable, owned by the index; copy before publishing)."""
-
-    lookups: int = 0
-    hits: int = 0
-    approx_hits: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    stored: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
-    rejected: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
-    evicted: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
-    load_failures: int = 0
-
-    @property
-    def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def request_hit_rate(self) -> float:
-        return self.hits / self.lookups if self.lookups else 0.0
-
-
-@dataclass(frozen=True)
-class Lease:
-    """Locks taken by ``acquire``; pass back to ``release`` exactly once (a second release
-    raises ValueError)."""
-
-    id: int
-    kv_nodes: tuple[int, ...]
-    state_node: int
-    anchor_nodes: tuple[int, ...]
-    keys: tuple[ObjectKey, ...] = ()
-
-
-def check_alignment(alignment: int) -> int:
-    """``alignment`` if it is a positive int, else ValueError."""
-    if isinstance(alignment, bool) or not isinstance(alignment, int | np.integer) or alignment <= 0:
-        raise ValueError(f"alignment must be a positive integer, got {alignment!r}")
-    return int(alignment)
-
-
-class CacheIndex:
+class CacheIndex(IndexCore):
     """Index of one model fingerprint over one ``Backend`` (see the module docstring).
 
     ``model_id`` names the weights (e.g. ``org/model@revision``) and ``layout`` holds engine
@@ -112,30 +59,9 @@ class CacheIndex:
     def __init__(self, config: HybridConfig, geometry: ModelGeometry, backend: Backend,
                  policies: Policies, layout: dict[str, object] | None = None,
                  model_id: str = "") -> None:
-        self.config = config
-        self.geometry = geometry
-        self.backend = backend
-        self.ledger = backend.ledger
-        self.tree = RadixTree(on_move=self._on_move)
-        self.fingerprint = model_fingerprint(
-            {**geometry.fingerprint_fields(), "chunk": config.chunk_size,
-             "hash_block": config.hash_block_size, "model_id": model_id, **(layout or {})})
-        self.needs_state = bool(geometry.recurrent_layers)
-        self.eviction, self.admission = policies
-        self.stats = CacheStats()
-        self.lock = threading.RLock()
-        self.where: dict[ObjectKey, int] = {}  # key -> id of the node holding its ref
-        self.pending: set[ObjectKey] = set()   # indexed, put in flight: not loadable yet
-        self.doomed: set[ObjectKey] = set()    # lost while leased: unindexed at release
-        self.leases: dict[int, Lease] = {}
-        self.leased: Counter[ObjectKey] = Counter()
-        self.outbox: list[Op] = []
-        self.foreign_drops: list[ObjectKey] = []
-        self.max_kv_len = config.chunk_size
-        self.clock = 0.0
-        self._next_lease = 1
+        super().__init__(config, geometry, backend, policies, layout, model_id)
         self.reclaim = Reclaimer(self)
-        self.saver = Saver(self)
+        self.saver = Saver(self, self.reclaim)
         self.eviction.bind(self.tree, geometry, self.reclaim.evictable)
         backend.attach(self.fingerprint, StoreHooks(
             self._on_store_drop, self._merits_demotion, self._anchors_of_chunk))
@@ -144,35 +70,7 @@ class CacheIndex:
                 if key.fingerprint == self.fingerprint:
                     self.reclaim.orphans[key.kind].append(key)
 
-    # ---------------------------------------------------------------- state
-    def usable(self, key: ObjectKey) -> bool:
-        return key not in self.pending and key not in self.doomed
-
-    def busy(self, node: Node) -> bool:
-        """Does ``node`` hold an object whose put is in flight? (never evicted or merged)"""
-        if not self.pending:
-            return False
-        refs = [*node.kv.values(), *node.anchors.values(), *([node.state] if node.state else [])]
-        return any(r.key in self.pending for r in refs)
-
-    def drain(self) -> list[Op]:
-        """Take the ops the last calls left for the workers (run them in order)."""
-        with self.lock:
-            ops, self.outbox = self.outbox, []
-        return ops
-
-    def deliver_foreign_drops(self) -> None:
-        """Tell other indexes on the backend about their objects our placement dropped
-        (outside our lock: their callbacks take their own)."""
-        with self.lock:
-            keys, self.foreign_drops = self.foreign_drops, []
-        if keys:
-            self.backend.report_dropped(keys)
-
     # ---------------------------------------------------------------- lookup
-    def _alignment(self, alignment: int | None) -> int:
-        return check_alignment(self.config.alignment if alignment is None else alignment)
-
     def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None,
                replay: bool | None = None) -> LoadPlan:
         """The longest usable hit for ``tokens`` under the hit rule. No side effects.
@@ -279,12 +177,6 @@ class CacheIndex:
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), branch_point(m, int(arr.size)), kv_from)
 
-    def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int:
-        """Where the end-of-request checkpoint must be taken to be usable: the last aligned
-        position at or before ``num_tokens`` (an unaligned state can never hit)."""
-        align = self._alignment(alignment)
-        return num_tokens - num_tokens % align
-
     # ---------------------------------------------------------------- leases
     def acquire(self, plan: LoadPlan) -> Lease | None:
         """Lock the plan's objects against eviction, pin them against moves, and count it
@@ -345,31 +237,9 @@ class CacheIndex:
                 if promote:
                     for key in lease.keys:
                         if key in self.where and key not in self.leased:
-                            self._apply(self.ledger.promote(key))
+                            self.reclaim.apply(self.ledger.promote(key))
             for key in [k for k in lease.keys if k in self.doomed]:
                 self.reclaim.unindex(key)
-
-    def _apply(self, placement: Placement) -> None:
-        """Queue a placement's ops and forget what it dropped (backend lock held)."""
-        self.outbox.extend(placement.ops)
-        for key in placement.dropped:
-            if key.fingerprint == self.fingerprint:
-                self.reclaim.unindex(key)
-            else:
-                self.foreign_drops.append(key)
-
-    def deepest_holder(self, node: Node, p: int) -> Node:
-        """The node on ``node``'s path whose edge holds position p (``0 < p <= depth``)."""
-        cur = node
-        while cur.parent is not None and cur.start >= p:
-            cur = cur.parent
-        return cur
-
-    def _node(self, node_id: int) -> Node:
-        node = self.tree.node(node_id)
-        if node is None:
-            raise KeyError(f"node {node_id} is gone while locked (bookkeeping bug)")
-        return node
 
     # ---------------------------------------------------------------- loads
     def report_load(self, plan: LoadPlan, failed: Sequence[ObjectKey]) -> None:
@@ -383,7 +253,7 @@ class CacheIndex:
             self.stats.load_failures += 1
             with self.backend.lock:
                 for key in failed:
-                    self._apply(self.ledger.lost(key, tiers.get(key)))
+                    self.reclaim.apply(self.ledger.lost(key, tiers.get(key)))
             for key in failed:
                 if key in self.where and self.ledger.where(key) is None and key not in self.pending:
                     self.reclaim.unindex(key)
@@ -404,10 +274,6 @@ class CacheIndex:
         self.saver.finish(tokens, prompt_len)
 
     # ---------------------------------------------------------------- callbacks
-    def _on_move(self, node: Node, refs: Iterable[ObjectRef]) -> None:
-        for r in refs:
-            self.where[r.key] = node.id
-
     def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:
         """The backend dropped objects on its own: forget them so no plan promises them."""
         with self.lock:

@@ -29,7 +29,7 @@ Conversions (all raise ValueError naming the part that does not fit, before writ
 :meth:`PayloadLayout.allocate` / :meth:`PayloadLayout.commit` for writers that fill the parts
 in place (the kernels of ``kernels/``), and, for paged engines,
 :func:`~hybrid_connector.layout_paged.gather_paged_kv` /
-:func:`~hybrid_connector.layout_paged.scatter_paged_kv` (re-exported here), which move a KV
+:func:`~hybrid_connector.layout_paged.scatter_paged_kv`, which move a KV
 chunk between vLLM-style block tensors and a payload through ``kernels.paged_kv``.
 """
 
@@ -44,7 +44,6 @@ import torch
 import kernels
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.layers import TensorSpec, canonical_dtype
-from hybrid_connector.layout_paged import gather_paged_kv, scatter_paged_kv
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.policies.anchors import anchor_keep
 
@@ -53,9 +52,7 @@ __all__ = [
     "Part",
     "PayloadLayout",
     "anchor_layout",
-    "gather_paged_kv",
     "kv_layout",
-    "scatter_paged_kv",
     "state_layout",
     "torch_dtype",
 ]

@@ -25,15 +25,12 @@ float8 layout (same bytes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 import kernels
 from hybrid_connector.keys import ObjectKind
-
-if TYPE_CHECKING:
-    from hybrid_connector.layout import Part, PayloadLayout
+from hybrid_connector.layout import Part, PayloadLayout
 
 IndexLike = Sequence[int] | torch.Tensor
 

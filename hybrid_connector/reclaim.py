@@ -10,19 +10,17 @@ All methods run under the index's lock (and take the backend's lock for the ledg
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
+from hybrid_connector.index_core import IndexCore
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.radix import Node, ObjectRef
-
-if TYPE_CHECKING:
-    from hybrid_connector.index import CacheIndex
+from tiers.ledger import Placement
 
 
 class Reclaimer:
-    """The reclaim half of a ``CacheIndex`` (shares its state)."""
+    """The reclaim half of a ``CacheIndex`` (shares its ``IndexCore`` state)."""
 
-    def __init__(self, index: CacheIndex) -> None:
+    def __init__(self, index: IndexCore) -> None:
         self.ix = index
         # What the tiers hold for this model that this (new) index does not know (a
         # previous run's objects, when not re-indexed), oldest first.
@@ -178,6 +176,17 @@ class Reclaimer:
             ix.eviction.on_remove(nid)
             ix.eviction.on_change(cur)
         return cur
+
+    def apply(self, placement: Placement) -> None:
+        """Queue a placement's ops and forget what it dropped (backend lock held); other
+        models' drops are delivered later, outside our lock."""
+        ix = self.ix
+        ix.outbox.extend(placement.ops)
+        for key in placement.dropped:
+            if key.fingerprint == ix.fingerprint:
+                self.unindex(key)
+            else:
+                ix.foreign_drops.append(key)
 
     # ------------------------------------------------------------------ losses
     def unindex(self, key: ObjectKey) -> None:

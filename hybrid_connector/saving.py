@@ -15,19 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hybrid_connector.hashes import Hashes
+from hybrid_connector.index_core import IndexCore
 from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens
 from hybrid_connector.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.policies.anchors import anchor_block_bytes
 from hybrid_connector.radix import Node, ObjectRef
+from hybrid_connector.reclaim import Reclaimer
 from tiers.ops import Move, Op, Put, Remove
-
-if TYPE_CHECKING:
-    from hybrid_connector.index import CacheIndex
 
 
 @dataclass(frozen=True)
@@ -46,10 +44,11 @@ class SaveTicket:
 
 
 class Saver:
-    """The save half of a ``CacheIndex`` (shares its state)."""
+    """The save half of a ``CacheIndex`` (shares its ``IndexCore`` state)."""
 
-    def __init__(self, index: CacheIndex) -> None:
+    def __init__(self, index: IndexCore, reclaim: Reclaimer) -> None:
         self.ix = index
+        self.reclaim = reclaim
         self._next = 1
         self._failed: dict[int, list[Rejection]] = {}  # ticket id -> puts that failed
 
@@ -92,7 +91,7 @@ class Saver:
         with ix.backend.lock:
             lost = [k for k in keys if ix.ledger.where(k) is None]
         for key in lost:
-            ix.reclaim.unindex(key)
+            self.reclaim.unindex(key)
 
     # ------------------------------------------------------------------ begin
     def begin(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
@@ -138,7 +137,7 @@ class Saver:
                         refused.append(Rejection(sp.kind, sp.start, sp.end, "too_large"))
                         continue
                     # objects placed before are in the ledger already: room for this one
-                    ok, freed = ix.reclaim.make_room(sp.kind, {sp.kind: sp.nbytes}, batch)
+                    ok, freed = self.reclaim.make_room(sp.kind, {sp.kind: sp.nbytes}, batch)
                     evicted += freed
                     if ok:
                         ok = self._place(leaf, key, sp.nbytes, puts)
@@ -151,7 +150,7 @@ class Saver:
                 ix.tree.lock_kv(leaf, -1)
             for r in refused:
                 ix.stats.rejected[r.kind.value] += 1
-            survivor = ix.reclaim.tidy_new(leaf, first_new)
+            survivor = self.reclaim.tidy_new(leaf, first_new)
             ix.clock += 1
             ix.eviction.on_access(ix.tree.path_to(survivor), ix.clock)
             ops = tuple(ix.outbox)
@@ -171,7 +170,7 @@ class Saver:
                     puts[len(ix.outbox)] = (key, op.tier == shared)
                 ix.outbox.append(op)
             for k in placement.dropped:
-                (ix.reclaim.unindex(k) if k.fingerprint == ix.fingerprint
+                (self.reclaim.unindex(k) if k.fingerprint == ix.fingerprint
                  else ix.foreign_drops.append(k))
         if placement.tier is None:
             return False
@@ -191,7 +190,7 @@ class Saver:
         elif key.kind is ObjectKind.KV:
             old = ix.tree.add_kv(node, ref)
             if old is not None and old.key != key:  # a chunk covering more replaced it
-                ix.reclaim.forget([old])
+                self.reclaim.forget([old])
             ix.max_kv_len = max(ix.max_kv_len, key.end - key.start)
         else:
             ix.tree.add_anchor(node, ref)
@@ -212,9 +211,9 @@ class Saver:
                 elif not ok and isinstance(op, Move | Put):
                     # A failed move, or a promotion's failed put back: no copy is left there.
                     with ix.backend.lock:
-                        ix._apply(ix.ledger.lost(op.key, op.dst if isinstance(op, Move) else op.tier))
+                        self.reclaim.apply(ix.ledger.lost(op.key, op.dst if isinstance(op, Move) else op.tier))
                     if op.key in ix.where and ix.ledger.where(op.key) is None:
-                        ix.reclaim.unindex(op.key)
+                        self.reclaim.unindex(op.key)
         ix.deliver_foreign_drops()
 
     def _commit(self, ticket: SaveTicket, key: ObjectKey, shared: bool, ok: bool) -> None:
@@ -237,7 +236,7 @@ class Saver:
             self._failed.setdefault(ticket.id, []).append(
                 Rejection(key.kind, key.start, key.end, "store"))
             ix.stats.rejected[key.kind.value] += 1
-            ix.reclaim.unindex(key)
+            self.reclaim.unindex(key)
 
     def result(self, ticket: SaveTicket) -> SaveResult:
         """The outcome of a ticket whose ops all reported."""
@@ -271,6 +270,6 @@ class Saver:
             return
         with ix.lock:
             m = ix.tree.match(arr)
-            ix.reclaim.prune_upward(m.node)
+            self.reclaim.prune_upward(m.node)
             if plen:
                 ix.eviction.on_request(arr, plen)

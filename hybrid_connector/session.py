@@ -27,7 +27,7 @@ import torch
 
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.hashes import ChainHasher
-from hybrid_connector.index import Lease
+from hybrid_connector.index_core import Lease
 from hybrid_connector.keys import ObjectKind, as_tokens
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
 

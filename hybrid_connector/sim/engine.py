@@ -19,7 +19,7 @@ import torch
 
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
-from hybrid_connector.index import Policies
+from hybrid_connector.index_core import Policies
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SaveItem

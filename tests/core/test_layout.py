@@ -13,14 +13,8 @@ import torch
 import kernels
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.layers import TensorSpec
-from hybrid_connector.layout import (
-    PayloadLayout,
-    anchor_layout,
-    gather_paged_kv,
-    kv_layout,
-    scatter_paged_kv,
-    state_layout,
-)
+from hybrid_connector.layout import PayloadLayout, anchor_layout, kv_layout, state_layout
+from hybrid_connector.layout_paged import gather_paged_kv, scatter_paged_kv
 from hybrid_connector.model import AttentionDims, LayerSpec, Mamba2Dims, ModelGeometry
 from hybrid_connector.model_presets import PRESETS, get_preset
 from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_keep

@@ -28,6 +28,7 @@ from tiers.ops import Move, Op, Put, Remove, Take
 from tiers.tier import Tier
 
 log = logging.getLogger(__name__)
+_READ_PASSES = 3  # a read racing a move looks again (see ``_read_one``)
 Done = Callable[[list[int], list[bool]], None]
 
 
@@ -215,22 +216,28 @@ class Executor:
         return [self._read_one(k, h) for k, h in zip(keys, hints, strict=True)]
 
     def _read_one(self, key: ObjectKey, hint: str | None) -> torch.Tensor | None:
-        staged = self._stash.get(key)  # mid-promotion: taken, not put back yet
-        if staged is not None:
-            return staged.to(self.device, copy=True)
+        # A lane may move the object while we look (tier to tier, or through the stash of
+        # a promotion): a pass that found it nowhere is retried while some tier or the
+        # stash still claims it, so a move in flight is never mistaken for a loss.
         order = [hint] if hint in self.tiers else []
         order += [n for n in self.tiers if n != hint]
-        for name in order:
-            t = self.tiers[name]
-            try:
-                if not t.contains([key])[0]:
-                    continue
-                data = t.get([key], device=self.device)[0]
-            except Exception:
-                log.exception("read from tier %s failed", name)
-                data = None
-            if data is not None:
-                return data
+        for _ in range(_READ_PASSES):
+            staged = self._stash.get(key)  # mid-promotion: taken, not put back yet
+            if staged is not None:
+                return staged.to(self.device, copy=True)
+            for name in order:
+                t = self.tiers[name]
+                try:
+                    if not t.contains([key])[0]:
+                        continue
+                    data = t.get([key], device=self.device)[0]
+                except Exception:
+                    log.exception("read from tier %s failed", name)
+                    data = None
+                if data is not None:
+                    return data
+            if self.holder(key) is None:
+                return None
         return None
 
     def holder(self, key: ObjectKey) -> str | None:

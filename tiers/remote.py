@@ -212,10 +212,12 @@ class RemoteTier(ManifestAccess, IndexedTier):
         if got is None:
             return None
         try:
-            h = self._header(key, got, whole=False)[0]
+            h = self._header(key, got)[0]
         except codec.CorruptObject as exc:
             self._corrupt(key, exc)
             return None
+        if h.nbytes > self._budget[key.kind]:
+            return None  # bigger than this tier stores: not for us (another's budget)
         m = (h.shape, h.torch_dtype, h.nbytes)
         self._remember(key, m)
         return m
@@ -239,22 +241,15 @@ class RemoteTier(ManifestAccess, IndexedTier):
             return None
         return blob
 
-    def _header(self, key: ObjectKey, blob: bytes | bytearray, whole: bool
-                ) -> tuple[codec.Header, memoryview]:
-        """(header, body) of ``blob`` for ``key``, checked before anything is allocated:
-        valid header for this key, at most the kind's budget, and (``whole``) a body of
-        exactly the stored length. CorruptObject otherwise."""
+    def _header(self, key: ObjectKey, blob: bytes | bytearray) -> tuple[codec.Header, memoryview]:
+        """(header, body) of ``blob`` (or of its head): a valid header of ``key``'s object,
+        else CorruptObject. The body may be short (a head, or a read cut at a bound)."""
         mv = memoryview(blob)
         hlen, hcrc = codec.decode_prefix(bytes(mv[: codec.PREFIX.size]))
         h = codec.decode_header(bytes(mv[codec.PREFIX.size : codec.PREFIX.size + hlen]), hcrc)
         if h.key != key.to_str():
             raise codec.CorruptObject("blob belongs to another key")
-        if h.nbytes > self._budget[key.kind]:
-            raise codec.CorruptObject(f"object of {h.nbytes} bytes exceeds the kind's budget")
-        body = mv[codec.PREFIX.size + hlen :]
-        if whole and len(body) != h.stored:
-            raise codec.CorruptObject("truncated body")
-        return h, body
+        return h, mv[codec.PREFIX.size + hlen :]
 
     def _corrupt(self, key: ObjectKey, exc: Exception) -> None:
         log.warning("remote tier %s: ignoring corrupt %s: %s", self.name,
@@ -282,13 +277,17 @@ class RemoteTier(ManifestAccess, IndexedTier):
                 self._stats.misses += 1
             return None
         try:
-            h, body = self._header(key, blob, whole=True)
+            h, body = self._header(key, blob)
             dtype = h.torch_dtype
-            if out is not None and (tuple(out.shape) != h.shape or out.dtype != dtype
-                                    or not out.is_contiguous()):
+            # Checked before the body's length: a read bounded by a wrong buffer's size
+            # (or by the budget) is cut short without the blob being damaged.
+            if (h.nbytes > self._budget[key.kind] or out is not None and (
+                    tuple(out.shape) != h.shape or out.dtype != dtype or not out.is_contiguous())):
                 with self._lock:
-                    self._stats.errors += 1  # the caller's buffer, not the blob, is wrong
+                    self._stats.errors += 1  # the caller's buffer or budget, not the blob
                 return None
+            if len(body) != h.stored:
+                raise codec.CorruptObject("truncated body")
             codec.check_frame(h, body)  # a zstd frame must declare nbytes before we decode
             dst = out if out is not None else torch.empty(h.shape, dtype=dtype, device=device or "cpu")
             codec.decode_into(h, body, dst)

@@ -162,9 +162,13 @@ def test_corrupt_object_of_another_instance_is_quarantined(url: str) -> None:
     assert reader.contains([k]) == [False] and reader.meta(k) is None
     assert reader.put([(k, v)]) == [True]
     assert reader.contains([k]) == [True] and same_bits(reader.get([k])[0], v)
-    # a caller's wrong buffer is a miss, not a remote failure nor a corrupt object
-    assert writer.get_into([k], [torch.empty(3)]) == [False]
-    assert same_bits(writer.get([k])[0], v) and not writer.is_down and not reader.is_down
+    # a caller's wrong buffer is a miss, not a remote failure nor a corrupt object, also
+    # where the read its size bounds is cut short (Redis) or refused (lm://)
+    big_k, big_v = make_key(8, fp=f"quarantine-{url[:2]}"), make_payload(8, (1 << 16,))
+    assert reader.put([(big_k, big_v)]) == [True]
+    assert writer.get_into([k, big_k], [torch.empty(3), torch.empty(3)]) == [False, False]
+    assert same_bits(writer.get([k])[0], v) and same_bits(writer.get([big_k])[0], big_v)
+    assert not writer.is_down and not reader.is_down
     writer.close()
     reader.close()
 

@@ -27,6 +27,7 @@ SERVER = struct.Struct("iiiiiiiii")
 FMT_BINARY = 4  # MemoryFormat.BINARY: the shape is [length, 0, 0, 0] and kept verbatim
 DTYPE_UINT8 = 6  # protocol.DTYPE_TO_INT[torch.uint8]
 MODEL_NAME = "hybrid-connector"
+MANIFEST_MODEL_NAME = "hybrid-connector-manifest"  # manifests (tiers.manifest): own key space
 
 
 class Command(IntEnum):
@@ -41,11 +42,13 @@ SUCCESS = 200
 FAIL = 400
 
 
-def key_string(digest_hex: str) -> str:
-    """A ``CacheEngineKey`` string the server accepts, unique per object digest."""
+def key_string(digest_hex: str, model: str = MODEL_NAME) -> str:
+    """A ``CacheEngineKey`` string the server accepts, unique per object digest and model
+    name (``MODEL_NAME`` for objects, ``MANIFEST_MODEL_NAME`` for manifests: the server
+    keys by the whole parsed key, so the two never collide)."""
     # The server parses the hash as hex into an int and prints it back without leading
     # zeros (CacheEngineKey.chunk_hash_hex); use that canonical form.
-    s = f"{MODEL_NAME}@1@0@{int(digest_hex, 16):x}@uint8"
+    s = f"{model}@1@0@{int(digest_hex, 16):x}@uint8"
     if len(s) > MAX_KEY_LENGTH:
         raise ValueError(f"key string longer than {MAX_KEY_LENGTH}: {s!r}")
     return s

@@ -1,274 +1,87 @@
 """Remote tier: ``lm://host:port`` (LMCache's ``lmcache_server``) or ``redis://`` (Redis,
-Valkey).
+Valkey), shared by every cache instance (process, machine) that points at the server.
 
 Each object is one self-describing ``tiers.codec`` blob (key, dtype, shape, checksum;
 zstd when ``serde="zstd"``) stored under a name derived from the key digest, so dtype and
-shape round-trip bit for bit and a damaged or foreign blob is a miss.
+shape round-trip bit for bit, any instance can read any other's objects, and a damaged or
+foreign blob is a miss. Clients live in ``tiers.remote_clients``, the backoff in
+``tiers.remote_guard``, the manifest API in ``tiers.remote_manifests``.
+
+What this process knows, and what it asks the server:
+
+* The index (and so the budget, ``lru``, ``held_keys``) covers the objects this process
+  put. It is a cache of the server: ``contains`` and reads trust it; a read that finds the
+  object gone or corrupt forgets it.
+* A key it does not index is asked of the server (``contains``: one pipelined EXISTS
+  batch; ``meta``: a header read; ``get``/``get_into``: the blob), within the call's
+  deadline. Keys the server confirmed are remembered (``max_seen`` of them, outside the
+  budget) until a read finds them gone or corrupt, or ``remove``. Such objects are read
+  like our own, with dtype and shape from the blob's header; they are not pinned (this
+  tier never deletes a shared object, so a pin has nothing to protect) and not listed by
+  ``lru``/``held_keys``. A kind whose budget here is 0 is never asked about.
+* A blob found corrupt is quarantined for ``quarantine_s`` seconds (or until this process
+  puts that key): the server still claims it, but it is not claimed again meanwhile.
+* ``remove`` only forgets: a shared object is never deleted from the server (other
+  instances may be reading it; ``lmcache_server`` has no delete anyway), so a later
+  ``contains`` may find it there again like any other instance's object.
+* Manifests (``append_record``/``records``): small named lists of records that let other
+  instances find objects without knowing their keys; see ``tiers.manifest``.
 
 Failure model: every client call runs under one deadline, ``timeout`` seconds for the
 whole call (connect, send and every receive of the reply together; see
-``tiers.deadline``), so a server that trickles its reply cannot stretch it. Calls never
-wait for each other: each in-flight call has a connection of its own (a small pool of
-idle ones is kept), so one slow call does not block other threads. A reply longer than
-the object's bound (``codec.max_blob_len`` of its size) is refused before anything is
+``tiers.deadline``). Calls never wait for each other: each in-flight call has a connection
+of its own. A reply longer than the object's bound (``codec.max_blob_len`` of its size,
+or of the kind's budget for an object of unknown size) is refused before anything is
 allocated. Any failure at all (timeout, I/O error, protocol violation, a malformed or
-hostile blob, an exception out of a client library) is a miss / False. A network failure
-also marks the remote down for a backoff period (doubling up to ``max_backoff``) during
-which calls return misses / False at once without touching the network; one WARNING is
+hostile blob, an exception out of a client library) is a miss / False / []. A network
+failure also marks the remote down for a backoff period (doubling up to ``max_backoff``)
+during which calls return misses at once without touching the network; one WARNING is
 logged when it goes down and one INFO when it is back. Nothing raises into the caller
-after construction (a malformed URL raises ValueError at construction).
-
-The index (and so the budget) covers the objects this process put. ``lmcache_server`` has
-no delete command, so removing an object there only forgets it locally (the server keeps
-the bytes until it restarts); Redis objects are deleted.
+after construction except ValueError for a malformed manifest name or record type.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
-import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
-from urllib.parse import urlparse
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers import codec, deadline, lm_protocol
-from tiers.deadline import DeadlineSocket
+from tiers import codec
 from tiers.indexed import IndexedTier
-from tiers.tier import Entry, TierUnavailable
+from tiers.manifest import Limits
+from tiers.remote_clients import (
+    LmClient,
+    RedisClient,
+    RemoteClient,
+    RemoteError,
+    ReplyTooLarge,
+    make_client,
+)
+from tiers.remote_guard import Guard
+from tiers.remote_manifests import REFUSED, ManifestAccess
+from tiers.tier import Entry, TierUnavailable, nbytes_of
+
+__all__ = ["LmClient", "RedisClient", "RemoteClient", "RemoteError", "RemoteTier",
+           "ReplyTooLarge", "make_client"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Meta = tuple[tuple[int, ...], torch.dtype, int]
 
 
-class RemoteError(Exception):
-    """A failure talking to the remote: a protocol violation, a refused reply, or any
-    exception out of a client library (wrapped with its type and message)."""
-
-
-class RemoteClient(ABC):
-    """Blob store client. Every method is one call under one deadline and raises
-    RemoteError (or OSError) on any failure; calls from several threads run concurrently."""
-
-    @abstractmethod
-    def put(self, name: str, blob: bytes) -> None: ...
-
-    @abstractmethod
-    def get(self, name: str, max_len: int) -> bytes | bytearray | None:
-        """The blob (None: not stored). A blob longer than ``max_len`` is an error,
-        detected before anything that size is allocated."""
-
-    @abstractmethod
-    def exists(self, name: str) -> bool: ...
-
-    @abstractmethod
-    def delete(self, name: str) -> None: ...
-
-    @abstractmethod
-    def health(self) -> None: ...
-
-    def name_for(self, key: ObjectKey) -> str:
-        return key.digest()
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        pass
-
-
-class LmClient(RemoteClient):
-    """Raw-socket client of ``lmcache_server`` (see ``tiers.lm_protocol``).
-
-    Each call runs under one deadline of ``timeout`` seconds (connect, send and every
-    receive) on a connection of its own: an idle pooled one or a new one. It goes back to
-    the pool (at most ``max_idle`` are kept) only after a clean exchange; any error closes
-    it. No lock is held during I/O, so a slow call never delays another thread's call
-    (``lmcache_server`` serves each connection in its own thread)."""
-
-    def __init__(self, host: str, port: int, timeout: float, max_idle: int = 4) -> None:
-        self.host, self.port, self.timeout, self.max_idle = host, port, timeout, max_idle
-        self._idle: list[DeadlineSocket] = []
-        self._lock = threading.Lock()  # guards _idle only
-        self._closed = False
-
-    def name_for(self, key: ObjectKey) -> str:
-        return lm_protocol.key_string(key.digest())
-
-    def _connect(self) -> DeadlineSocket:
-        s = socket.create_connection((self.host, self.port), timeout=deadline.left())
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return DeadlineSocket(s)
-
-    @staticmethod
-    def _recv_exact(s: DeadlineSocket, n: int) -> bytearray:
-        buf = bytearray(n)
-        mv = memoryview(buf)
-        got = 0
-        while got < n:
-            k = s.recv_into(mv[got:])
-            if k == 0:
-                raise RemoteError("connection closed by the server")
-            got += k
-        return buf
-
-    def _do(self, fn: Callable[[DeadlineSocket], T]) -> T:
-        with deadline.scope(self.timeout):
-            with self._lock:
-                s = self._idle.pop() if self._idle else None
-            if s is None:
-                s = self._connect()
-            try:
-                out = fn(s)
-            except BaseException:
-                s.close()  # mid-exchange: the stream is out of step
-                raise
-        with self._lock:
-            keep = not self._closed and len(self._idle) < self.max_idle
-            if keep:
-                self._idle.append(s)
-        if not keep:
-            s.close()
-        return out
-
-    def _ask(self, s: DeadlineSocket, cmd: lm_protocol.Command, name: str) -> tuple[int, int]:
-        s.sendall(lm_protocol.request(cmd, name))
-        try:
-            return lm_protocol.parse_reply(bytes(self._recv_exact(s, lm_protocol.SERVER.size)))
-        except ValueError as exc:
-            raise RemoteError(str(exc)) from exc
-
-    def put(self, name: str, blob: bytes) -> None:
-        def run(s: DeadlineSocket) -> None:
-            s.sendall(lm_protocol.request(lm_protocol.Command.PUT, name, len(blob)))
-            s.sendall(blob)
-        self._do(run)
-
-    def get(self, name: str, max_len: int) -> bytearray | None:
-        def run(s: DeadlineSocket) -> bytearray | None:
-            code, length = self._ask(s, lm_protocol.Command.GET, name)
-            if code != lm_protocol.SUCCESS:
-                if length:
-                    raise RemoteError(f"a miss announcing {length} bytes")
-                return None
-            if length > max_len:  # checked before the buffer is allocated
-                raise RemoteError(f"reply of {length} bytes exceeds the bound {max_len}")
-            return self._recv_exact(s, length)
-        return self._do(run)
-
-    def exists(self, name: str) -> bool:
-        return self._do(lambda s: self._ask(s, lm_protocol.Command.EXIST, name)[0]) == lm_protocol.SUCCESS
-
-    def delete(self, name: str) -> None:
-        pass  # lmcache_server has no delete command
-
-    def health(self) -> None:
-        if self._do(lambda s: self._ask(s, lm_protocol.Command.HEALTH, "x@1@0@0@uint8"))[0] != lm_protocol.SUCCESS:
-            raise RemoteError("health check failed")
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for s in idle:
-            s.close()
-
-
-class _DeadlineConnection:
-    """Mixed into redis-py's connection class: its sockets are ``DeadlineSocket`` and its
-    TCP connect gets only what is left of the call's deadline."""
-
-    socket_connect_timeout: float | None
-
-    def _connect(self) -> Any:
-        rem = deadline.left()
-        if rem is not None:
-            self.socket_connect_timeout = rem
-        return DeadlineSocket(super()._connect())  # type: ignore[misc]
-
-
-class RedisClient(RemoteClient):
-    """``redis://``, ``rediss://`` or ``valkey://`` via redis-py, speaking RESP2 (no
-    ``HELLO`` handshake, which Redis-likes answer in odd ways) with no client-side retries
-    (the tier's backoff decides when to try again). redis-py's pool gives each in-flight
-    call a connection of its own; each call runs under one deadline of ``timeout`` seconds
-    that its connect, handshake, send and every receive share. Reads are
-    ``GETRANGE 0 max_len-1``, so a server never has reason to send more than the bound.
-    Any exception out of redis-py is a RemoteError."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        import redis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
-
-        self.timeout = timeout
-        base = redis.SSLConnection if url.startswith("rediss://") else redis.Connection
-        self._r = redis.Redis.from_url(
-            url.replace("valkey://", "redis://", 1), socket_timeout=timeout,
-            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), protocol=2,
-            connection_class=type("DeadlineConnection", (_DeadlineConnection, base), {}))
-
-    def name_for(self, key: ObjectKey) -> str:
-        return "hc:" + key.digest()
-
-    def _call(self, fn: Callable[[], T]) -> T:
-        try:
-            with deadline.scope(self.timeout):
-                return fn()
-        except Exception as exc:  # redis-py can raise anything at an odd server
-            raise RemoteError(f"{type(exc).__name__}: {exc}") from exc
-
-    def put(self, name: str, blob: bytes) -> None:
-        if self._call(lambda: self._r.set(name, blob)) is not True:
-            raise RemoteError("SET was not acknowledged")
-
-    def get(self, name: str, max_len: int) -> bytes | None:
-        v = self._call(lambda: self._r.getrange(name, 0, max_len - 1))
-        if not isinstance(v, bytes):
-            raise RemoteError(f"GETRANGE answered a {type(v).__name__}")
-        return v or None  # a missing key reads as empty (no blob is empty)
-
-    def exists(self, name: str) -> bool:
-        n = self._call(lambda: self._r.exists(name))
-        if type(n) is not int:
-            raise RemoteError(f"EXISTS answered a {type(n).__name__}")
-        return n > 0
-
-    def delete(self, name: str) -> None:
-        self._call(lambda: self._r.delete(name))
-
-    def health(self) -> None:
-        if self._call(lambda: self._r.ping()) is not True:
-            raise RemoteError("PING was not answered with PONG")
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._r.close()
-
-
-def make_client(url: str, timeout: float) -> RemoteClient:
-    """Client for ``lm://host:port`` or ``redis://``/``rediss://``/``valkey://`` URLs."""
-    u = urlparse(url)
-    if u.scheme == "lm":
-        if not u.hostname or u.port is None:
-            raise ValueError(f"remote url {url!r}: expected lm://host:port")
-        return LmClient(u.hostname, u.port, timeout)
-    if u.scheme in ("redis", "rediss", "valkey"):
-        return RedisClient(url, timeout)
-    raise ValueError(f"remote url {url!r}: unsupported scheme {u.scheme!r} (lm, redis, valkey)")
-
-
-class RemoteTier(IndexedTier):
+class RemoteTier(ManifestAccess, IndexedTier):
     """A remote blob store as a tier; see the module docstring and ``tiers.tier.Tier``.
 
     ``timeout``: the one deadline of each client call in seconds (config key
     ``remote_timeout_s``), covering connect, send and the whole reply; a put that confirms
     (``confirm_puts``) makes two calls. ``client`` replaces the URL's client (tests).
-    Shared: other instances read and write the same server, so the ledger writes copies
-    to it and never deletes from it.
+    ``limits`` bound manifests. Shared: the ledger writes copies to it and never deletes
+    from it.
     """
 
     slow = True
@@ -286,54 +99,235 @@ class RemoteTier(IndexedTier):
         max_backoff: float = 30.0,
         confirm_puts: bool = True,
         client: RemoteClient | None = None,
+        limits: Limits | None = None,
+        max_seen: int = 1 << 16,
+        quarantine_s: float = 300.0,
     ) -> None:
         super().__init__(name, budgets)
         if serde not in ("naive", "zstd"):
             raise ValueError(f"remote serde {serde!r}: expected 'naive' or 'zstd'")
         self.url = url
-        self.client = client if client is not None else make_client(url, timeout)
+        self.limits = limits or Limits()
+        self.client = client if client is not None else make_client(url, timeout, self.limits)
         self.zstd_level = zstd_level if serde == "zstd" else None
         self.confirm_puts = confirm_puts
-        self.min_backoff, self.max_backoff = min_backoff, max_backoff
-        self._backoff = min_backoff
-        self._down_until = 0.0
-        self._down = False
-        self._state_lock = threading.Lock()
-        self.failures = 0
+        self._g = Guard(log, f"remote tier {name} ({url})", min_backoff, max_backoff,
+                        self._count_error)
+        # Keys the server confirmed that this process did not put -> their meta, once read.
+        self._seen: OrderedDict[ObjectKey, Meta | None] = OrderedDict()
+        self._quarantine: OrderedDict[ObjectKey, float] = OrderedDict()  # key -> until
+        self.max_seen, self.quarantine_s = max_seen, quarantine_s
 
     # ------------------------------------------------------------------ guard
     @property
     def is_down(self) -> bool:
-        return self._down and time.monotonic() < self._down_until
+        return self._g.is_down
+
+    @property
+    def failures(self) -> int:
+        return self._g.failures
+
+    def _count_error(self) -> None:
+        with self._lock:
+            self._stats.errors += 1
 
     def _guard(self, what: str, fn: Callable[[], T]) -> tuple[bool, T | None]:
         """(ok, result) of ``fn``; failures mark the remote down with backoff."""
-        with self._state_lock:
-            if self._down and time.monotonic() < self._down_until:
-                return False, None
-        try:
-            out = fn()
-        except Exception as exc:  # every remote failure is a miss, whatever raised it
-            with self._state_lock:
-                self.failures += 1
-                self._stats.errors += 1
-                if not self._down:
-                    log.warning("remote tier %s (%s) down: %s failed: %s; treating as misses, "
-                                "retrying with backoff", self.name, self.url, what, exc)
-                self._down_until = time.monotonic() + self._backoff
-                self._backoff = min(self._backoff * 2, self.max_backoff)
-                self._down = True
-            return False, None
-        with self._state_lock:
-            if self._down:
-                log.info("remote tier %s (%s) is back", self.name, self.url)
-            self._down = False
-            self._backoff = self.min_backoff
-        return True, out
+        return self._g.run(what, fn)
 
     def healthy(self) -> bool:
         """One health round trip (through the guard)."""
         return self._guard("health", self.client.health)[0]
+
+    # ------------------------------------------------------------------ what is known
+    def _indexed(self, key: ObjectKey) -> bool:
+        with self._lock:
+            return self._entry(key) is not None
+
+    def _askable(self, key: ObjectKey, now: float) -> bool:
+        """Whether the server may be asked about ``key`` (under the lock)."""
+        until = self._quarantine.get(key)
+        if until is not None and now >= until:
+            del self._quarantine[key]
+            until = None
+        return until is None and self._budget[key.kind] > 0
+
+    def _remember(self, key: ObjectKey, meta: Meta | None) -> None:
+        with self._lock:
+            if meta is None:
+                meta = self._seen.get(key)
+            self._seen[key] = meta
+            self._seen.move_to_end(key)
+            while len(self._seen) > self.max_seen:
+                self._seen.popitem(last=False)
+
+    def _forget(self, key: ObjectKey, corrupt: bool = False) -> None:
+        with self._lock:
+            self._seen.pop(key, None)
+            if corrupt:
+                self._quarantine[key] = time.monotonic() + self.quarantine_s
+                self._quarantine.move_to_end(key)
+                while len(self._quarantine) > self.max_seen:
+                    self._quarantine.popitem(last=False)
+
+    def contains(self, keys: Sequence[ObjectKey], pin: bool = False) -> list[bool]:
+        """Indexed keys (pinned with ``pin``) and keys seen on the server are answered
+        locally; the rest are asked of the server in one batch, within one deadline. An
+        unreachable server answers False (not known now). Server-only keys are not pinned."""
+        out = super().contains(keys, pin)
+        ask: list[int] = []
+        with self._lock:
+            now = time.monotonic()
+            for i, k in enumerate(keys):
+                if out[i]:
+                    continue
+                if k in self._seen:
+                    out[i] = True
+                    self._seen.move_to_end(k)
+                elif self._askable(k, now):
+                    ask.append(i)
+        if ask:
+            names = [self.client.name_for(keys[i]) for i in ask]
+            ok, found = self._guard("exists", lambda: self.client.exists_many(names))
+            if ok and found is not None:
+                for i, there in zip(ask, found, strict=True):
+                    if there:
+                        self._remember(keys[i], None)
+                        out[i] = True
+        return out
+
+    def meta(self, key: ObjectKey) -> Meta | None:
+        """``(shape, dtype, nbytes)`` of an indexed object, else from the blob's header on
+        the server (a range read where the store has one; None when it is absent,
+        unreadable or unreachable)."""
+        m = super().meta(key)
+        if m is not None:
+            return m
+        with self._lock:
+            m = self._seen.get(key)
+            if m is not None or not self._askable(key, time.monotonic()):
+                return m
+        bound = codec.max_blob_len(self._budget[key.kind])
+        head = codec.PREFIX.size + codec.MAX_HEADER
+        got = self._fetch(key, lambda name: self.client.read_head(name, head, bound))
+        if got is None:
+            return None
+        try:
+            h = self._header(key, got)[0]
+        except codec.CorruptObject as exc:
+            self._corrupt(key, exc)
+            return None
+        if h.nbytes > self._budget[key.kind]:
+            return None  # bigger than this tier stores: not for us (another's budget)
+        m = (h.shape, h.torch_dtype, h.nbytes)
+        self._remember(key, m)
+        return m
+
+    # ------------------------------------------------------------------ reads of others' objects
+    def _fetch(self, key: ObjectKey, read: Callable[[str], bytes | bytearray | None]
+               ) -> bytes | bytearray | None:
+        """The server's blob (or head) of an unindexed ``key``; None on any failure. Gone:
+        forgotten; a reply over the bound: a miss that does not mark the remote down."""
+        name = self.client.name_for(key)
+
+        def run() -> bytes | bytearray | object | None:
+            try:
+                return read(name)
+            except ReplyTooLarge:
+                return REFUSED
+        ok, blob = self._guard("get", run)
+        if ok and blob is None:
+            self._forget(key)  # the server does not have it (any more)
+        if not ok or not isinstance(blob, bytes | bytearray):
+            return None
+        return blob
+
+    def _header(self, key: ObjectKey, blob: bytes | bytearray) -> tuple[codec.Header, memoryview]:
+        """(header, body) of ``blob`` (or of its head): a valid header of ``key``'s object,
+        else CorruptObject. The body may be short (a head, or a read cut at a bound)."""
+        mv = memoryview(blob)
+        hlen, hcrc = codec.decode_prefix(bytes(mv[: codec.PREFIX.size]))
+        h = codec.decode_header(bytes(mv[codec.PREFIX.size : codec.PREFIX.size + hlen]), hcrc)
+        if h.key != key.to_str():
+            raise codec.CorruptObject("blob belongs to another key")
+        return h, mv[codec.PREFIX.size + hlen :]
+
+    def _corrupt(self, key: ObjectKey, exc: Exception) -> None:
+        log.warning("remote tier %s: ignoring corrupt %s: %s", self.name,
+                    self.client.name_for(key), exc)
+        with self._lock:
+            self._stats.errors += 1
+        self._forget(key, corrupt=True)
+
+    def _read_unindexed(self, key: ObjectKey, out: torch.Tensor | None,
+                        device: torch.device | str | None) -> torch.Tensor | None:
+        """Read an object this process did not put into ``out`` (or a new tensor on
+        ``device``, sized by the blob's header); None on any failure."""
+        with self._lock:
+            known = self._seen.get(key)
+            askable = self._askable(key, time.monotonic())
+        if not askable:
+            with self._lock:
+                self._stats.misses += 1
+            return None
+        size = nbytes_of(out) if out is not None else known[2] if known else self._budget[key.kind]
+        bound = codec.max_blob_len(min(size, self._budget[key.kind]))
+        blob = self._fetch(key, lambda name: self.client.get(name, bound))
+        if blob is None:
+            with self._lock:
+                self._stats.misses += 1
+            return None
+        try:
+            h, body = self._header(key, blob)
+            dtype = h.torch_dtype
+            # Checked before the body's length: a read bounded by a wrong buffer's size
+            # (or by the budget) is cut short without the blob being damaged.
+            if (h.nbytes > self._budget[key.kind] or out is not None and (
+                    tuple(out.shape) != h.shape or out.dtype != dtype or not out.is_contiguous())):
+                with self._lock:
+                    self._stats.errors += 1  # the caller's buffer or budget, not the blob
+                return None
+            if len(body) != h.stored:
+                raise codec.CorruptObject("truncated body")
+            codec.check_frame(h, body)  # a zstd frame must declare nbytes before we decode
+            dst = out if out is not None else torch.empty(h.shape, dtype=dtype, device=device or "cpu")
+            codec.decode_into(h, body, dst)
+        except codec.CorruptObject as exc:
+            self._corrupt(key, exc)
+            return None
+        except Exception as exc:  # e.g. the copy into a device buffer: the blob may be fine
+            log.warning("remote tier %s: cannot load %s: %s", self.name, self.client.name_for(key), exc)
+            with self._lock:
+                self._stats.errors += 1
+            return None
+        self._remember(key, (h.shape, dtype, h.nbytes))
+        with self._lock:
+            self._stats.hits += 1
+            self._stats.bytes_read += h.nbytes
+        return dst
+
+    def _get_one(self, key: ObjectKey, out: torch.Tensor) -> bool:
+        if self._indexed(key):
+            return super()._get_one(key, out)
+        return self._read_unindexed(key, out, None) is not None
+
+    def get(self, keys: Sequence[ObjectKey], device: torch.device | str | None = None
+            ) -> list[torch.Tensor | None]:
+        """As ``Tier.get``; an object this process did not put is read in one round trip
+        (dtype and shape from its header)."""
+        return [super(RemoteTier, self).get([k], device)[0] if self._indexed(k)
+                else self._read_unindexed(k, None, device) for k in keys]
+
+    def remove(self, keys: Sequence[ObjectKey]) -> list[bool]:
+        """Forget each key locally (False: not known here). Nothing is deleted from the
+        server: other instances keep reading it, and so may this one after ``contains``."""
+        out = super().remove(keys)
+        with self._lock:
+            for i, k in enumerate(keys):
+                if k in self._seen:
+                    del self._seen[k]
+                    out[i] = True
+        return out
 
     # ------------------------------------------------------------------ storage
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
@@ -350,7 +344,12 @@ class RemoteTier(IndexedTier):
             return self.client.exists(name) if self.confirm_puts else True
 
         ok, stored = self._guard("put", run)
-        return name if ok and stored else None
+        if not (ok and stored):
+            return None
+        with self._lock:  # ours now: indexed, and a good copy whatever was quarantined
+            self._seen.pop(key, None)
+            self._quarantine.pop(key, None)
+        return name
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
         # The most a valid blob of this object can take: a longer reply is refused unread.
@@ -365,14 +364,14 @@ class RemoteTier(IndexedTier):
             return True
         except codec.CorruptObject as exc:
             log.warning("remote tier %s: dropping corrupt %s: %s", self.name, entry.handle, exc)
+            self._forget(entry.key, corrupt=True)  # the server still claims it: don't believe it
             return False
         except Exception as exc:  # e.g. the copy into a device buffer: the blob may be fine
             log.warning("remote tier %s: cannot load %s: %s", self.name, entry.handle, exc)
             raise TierUnavailable(self.url) from exc
 
     def _release(self, entry: Entry) -> None:
-        if not self._key_busy(entry.key):
-            self._guard("delete", lambda: self.client.delete(str(entry.handle)))
+        """Nothing to free: a shared object is never deleted from the server."""
 
     def close(self) -> None:
         self.client.close()

@@ -50,7 +50,11 @@ def test_large_object_and_budget(url: str) -> None:
     k1, k2 = make_key(1, fp="big"), make_key(2, fp="big")
     assert tier.put([(k1, big), (k2, big)]) == [True, False]  # budget enforced locally
     assert same_bits(tier.get([k1])[0], big)
-    assert tier.remove([k1]) == [True] and tier.get([k1]) == [None]
+    # remove forgets locally (the budget is free again) but deletes nothing shared
+    assert tier.remove([k1]) == [True] and tier.held_keys() == [] and tier.used(K.KV) == 0
+    assert tier.put([(k2, big)]) == [True]
+    assert same_bits(tier.get([k1])[0], big)  # still on the server, found there again
+    assert tier.held_keys() == [k2]  # found, not indexed: outside the budget
     tier.close()
 
 

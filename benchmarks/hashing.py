@@ -7,7 +7,8 @@ at n = 131072 - 256 (best of several interleaved runs, one thread):
   request's hashes does: O(n));
 * ``chain``: the request's ``ChainHasher`` appended the 256 new tokens (O(256));
 * ``save``: the whole ``HybridCache.save`` of that chunk through the index (keys, radix
-  insert, ledger) over a size-only store, with the request's ``ChainHasher``.
+  insert resumed from the request's previous save, ledger, policy bookkeeping) over a
+  size-only store, with the request's ``ChainHasher``.
 
 The claim is a ratio measured in the same run: last / first close to 1 for ``chain`` and
 ``save``, while ``scratch`` grows with n. Usage: ``python benchmarks/hashing.py [--quick]``.
@@ -77,14 +78,15 @@ def run(n_tokens: int, repeat: int) -> dict[str, dict[str, float]]:
             cache = assemble.cache(cfg, geo, store)
             ch = ChainHasher(16)
             kvb = geo.kv_bytes_per_token()
+            leaf = None
             for s in range(0, n, CHUNK):  # the request so far, chunk by chunk
                 ch.append(toks[s : s + CHUNK])
-                cache.save(toks[: s + CHUNK], [SaveItem(ObjectKind.KV, s, s + CHUNK,
-                                                        zero_payload(CHUNK * kvb))], hashes=ch)
+                leaf = cache.save(toks[: s + CHUNK], [SaveItem(ObjectKind.KV, s, s + CHUNK,
+                                  zero_payload(CHUNK * kvb))], hashes=ch, start=leaf).leaf
             item = SaveItem(ObjectKind.KV, n, n + CHUNK, zero_payload(CHUNK * kvb))
             t = time.perf_counter()
             ch.append(toks[n : n + CHUNK])
-            r = cache.save(toks[: n + CHUNK], [item], hashes=ch)
+            r = cache.save(toks[: n + CHUNK], [item], hashes=ch, start=leaf)
             times.append(time.perf_counter() - t)
             assert r.stored == 1
             cache.close()

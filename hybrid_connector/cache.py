@@ -192,14 +192,15 @@ class HybridCache:
 
     # ---------------------------------------------------------------- saves
     def save_async(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem],
-                   hashes: Hashes | None = None) -> Future[SaveResult]:
+                   hashes: Hashes | None = None, start: tuple[int, int] | None = None
+                   ) -> Future[SaveResult]:
         """Store objects produced for ``tokens`` (which must cover every item's end).
 
         Decides under the index's lock (see ``Saver.begin``: checks, keys, room, placement;
         items already present or covered are skipped) and returns at once; the tier I/O
         runs on the executor. The payload tensors belong to the cache until the future is
-        done. ``hashes``: the request's prefix hashes if the caller keeps them (see
-        ``Saver.begin``). Rejected items are counted and listed in the result, never
+        done. ``hashes``/``start``: the request's prefix hashes and the ``SaveResult.leaf``
+        of its previous save, if the caller keeps them (see ``Saver.begin``). Rejected items are counted and listed in the result, never
         raised. Raises ValueError only for malformed items (see ``SaveItem``) and bad tokens.
         """
         todo = list(items)
@@ -208,14 +209,14 @@ class HybridCache:
             done.set_result(SaveResult(0, 0, 0))
             return done
         with self.index.lock:
-            ticket = self.index.begin_save(tokens, [it.spec for it in todo], hashes)
+            ticket = self.index.begin_save(tokens, [it.spec for it in todo], hashes, start)
             payloads = {k: it.payload for k, it in zip(ticket.keys, todo, strict=True) if k}
             return self._submit(ticket, payloads)
 
     def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem],
-             hashes: Hashes | None = None) -> SaveResult:
+             hashes: Hashes | None = None, start: tuple[int, int] | None = None) -> SaveResult:
         """``save_async`` waited on."""
-        return self.save_async(tokens, items, hashes).result()
+        return self.save_async(tokens, items, hashes, start).result()
 
     def _submit(self, ticket: SaveTicket, payloads: dict[Any, torch.Tensor]) -> Future[SaveResult]:
         """Queue a ticket's ops (index lock held, so lanes see decisions in order)."""
@@ -244,7 +245,8 @@ class HybridCache:
             self._submit(SaveTicket(0, tuple(ops), (), 0, (), 0), {})
 
     def finish(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = (),
-               prompt_len: int | None = None, hashes: Hashes | None = None) -> SaveResult:
+               prompt_len: int | None = None, hashes: Hashes | None = None,
+               start: tuple[int, int] | None = None) -> SaveResult:
         """End of a request: save its last objects (the final checkpoint only if admission
         keeps it), release KV on its path that can no longer produce a hit, and tell the
         eviction policy about the request (``prompt_len``: how many of ``tokens`` were the
@@ -256,7 +258,7 @@ class HybridCache:
             self.index.finish(tokens, prompt_len)
             return SaveResult(0, 0, 0)
         kept = [it for it in todo if self.index.saver.keeps(int(arr.size), it.spec)]
-        result = self.save(tokens, kept, hashes)
+        result = self.save(tokens, kept, hashes, start)
         with self.index.lock:
             self.index.finish(tokens, prompt_len)
             self._run_drained()

@@ -260,9 +260,9 @@ class CacheIndex(IndexCore):
 
     # ---------------------------------------------------------------- saves
     def begin_save(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
-                   hashes: Hashes | None = None) -> SaveTicket:
+                   hashes: Hashes | None = None, start: tuple[int, int] | None = None) -> SaveTicket:
         """See ``Saver.begin``."""
-        return self.saver.begin(tokens, specs, hashes)
+        return self.saver.begin(tokens, specs, hashes, start)
 
     def complete_save(self, ticket: SaveTicket, indices: Sequence[int],
                       results: Sequence[bool]) -> None:

@@ -134,6 +134,7 @@ class SaveResult:
     rejected: int
     evicted_bytes: int = 0
     rejections: tuple[Rejection, ...] = ()
+    leaf: tuple[int, int] = (0, 0)  # where the save ended in the index (a later save's start)
 
 
 @dataclass(frozen=True, slots=True)

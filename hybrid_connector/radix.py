@@ -66,10 +66,18 @@ class RadixTree:
         """All non-root nodes (order unspecified). Do not mutate the tree while iterating."""
         return (n for n in self._nodes.values() if n is not self.root)
 
-    def match(self, tokens: Sequence[int] | np.ndarray) -> MatchResult:
-        """Longest prefix of ``tokens`` present in the tree. No side effects."""
+    def match(self, tokens: Sequence[int] | np.ndarray, start: Node | None = None) -> MatchResult:
+        """Longest prefix of ``tokens`` present in the tree. No side effects.
+
+        ``start``: a live node the caller knows ``tokens[:start.depth]`` leads to (a node's
+        path never changes while it lives): the walk begins there, so a request extending
+        its own last save does not walk its whole prefix again, and ``path`` lists only the
+        nodes below ``start``."""
         arr = as_tokens(tokens)
-        node, pos = self.root, 0
+        node = self.root if start is None else start
+        pos = node.depth
+        if pos > arr.size:
+            raise ValueError(f"start node at depth {pos} lies past the {arr.size} tokens")
         path: list[Node] = []
         while pos < arr.size:
             child = node.children.get(int(arr[pos]))
@@ -139,14 +147,15 @@ class RadixTree:
             self.on_move(upper, [*upper.kv.values(), *upper.anchors.values()])
         return upper
 
-    def insert(self, tokens: Sequence[int] | np.ndarray) -> Node:
-        """Make ``tokens`` a path ending exactly at a node; return that node.
+    def insert(self, tokens: Sequence[int] | np.ndarray, start: Node | None = None) -> Node:
+        """Make ``tokens`` a path ending exactly at a node; return that node (``start``: as
+        for ``match``).
 
         Splits at most one edge and adds at most one leaf. Existing nodes stay valid.
         Inserting the empty sequence returns the root.
         """
         arr = as_tokens(tokens)
-        m = self.match(arr)
+        m = self.match(arr, start)
         node = m.node
         if m.partial is not None and m.length > m.partial.start:
             node = self.split(m.partial, m.length)

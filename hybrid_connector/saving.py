@@ -41,6 +41,7 @@ class SaveTicket:
     rejections: tuple[Rejection, ...]
     evicted_bytes: int
     puts: Mapping[int, tuple[ObjectKey, bool]] = field(default_factory=dict)
+    leaf: tuple[int, int] = (0, 0)  # (node id, depth) the save ended at: the next one's start
 
 
 class Saver:
@@ -95,11 +96,13 @@ class Saver:
 
     # ------------------------------------------------------------------ begin
     def begin(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
-              hashes: Hashes | None = None) -> SaveTicket:
+              hashes: Hashes | None = None, start: tuple[int, int] | None = None) -> SaveTicket:
         """Decide the save of ``specs`` made for ``tokens`` (which must cover every end).
         ``hashes``: prefix hashes of ``tokens`` the caller keeps (a request's
         ``ChainHasher``, so a save costs O(new tokens), or an engine's ``EngineHashes``);
-        computed from scratch when None. Returns the ticket whose ops the workers must run
+        computed from scratch when None. ``start``: the ``leaf`` of this request's previous
+        ticket, so the radix insert resumes there instead of walking the whole prefix
+        (ignored when that node is gone). Returns the ticket whose ops the workers must run
         (see the module docstring)."""
         ix = self.ix
         arr = as_tokens(tokens)
@@ -113,7 +116,10 @@ class Saver:
             tid, self._next = self._next, self._next + 1
             first_new = ix.tree.next_id
             top = max((sp.end for sp in specs if sp.end <= arr.size), default=0)
-            leaf = ix.tree.insert(arr[:top])
+            hint = ix.tree.node(start[0]) if start else None
+            if hint is not None and start is not None and (hint.depth != start[1] or hint.depth > top):
+                hint = None  # gone, merged into another node, or past this save
+            leaf = ix.tree.insert(arr[:top], start=hint)
             ix.tree.lock_kv(leaf)  # keep the path alive while we evict for room
             try:
                 cand = {i: ObjectKey(ix.fingerprint, hasher.at(specs[i].end), specs[i].kind,
@@ -156,7 +162,8 @@ class Saver:
             ops = tuple(ix.outbox)
             ix.outbox = []
         ix.deliver_foreign_drops()
-        return SaveTicket(tid, ops, tuple(keys), present, tuple(refused), evicted, puts)
+        return SaveTicket(tid, ops, tuple(keys), present, tuple(refused), evicted, puts,
+                          (survivor.id, survivor.depth))
 
     def _place(self, leaf: Node, key: ObjectKey, nbytes: int,
                puts: dict[int, tuple[ObjectKey, bool]]) -> bool:
@@ -246,7 +253,8 @@ class Saver:
             stored = sum(1 for k in ticket.keys if k is not None and k in ix.where
                          and k not in ix.pending)
         refused = (*ticket.rejections, *failed)
-        return SaveResult(stored, ticket.present, len(refused), ticket.evicted_bytes, refused)
+        return SaveResult(stored, ticket.present, len(refused), ticket.evicted_bytes, refused,
+                          ticket.leaf)
 
     # ------------------------------------------------------------------ finish
     def keeps(self, num_tokens: int, spec: ObjectSpec) -> bool:

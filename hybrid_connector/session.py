@@ -79,6 +79,7 @@ class RequestSession:
         self.loaded: LoadResult | None = None
         self.hit = 0
         self.kv_done = self.saves.kv_from  # first token whose KV is not saved yet
+        self._leaf: tuple[int, int] | None = None  # where this request's last save ended
 
     # ------------------------------------------------------------------ load
     def load(self) -> LoadResult:
@@ -129,7 +130,9 @@ class RequestSession:
         items = self.prefill_items(kv, states, extra)
         if not items:
             return SaveResult(0, 0, 0)
-        return self.cache.save(self.prompt, items, hashes=self.hasher)
+        result = self.cache.save(self.prompt, items, hashes=self.hasher, start=self._leaf)
+        self._leaf = result.leaf
+        return result
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
         """Tokens the engine decoded (they become part of the saved prefix at finish)."""
@@ -148,7 +151,8 @@ class RequestSession:
         self.kv_done = m
         items += [SaveItem(ObjectKind.STATE, q, q, t) for q, t in sorted(states.items())]
         items += list(extra)
-        return self.cache.finish(self.tokens, items, prompt_len=self.n, hashes=self.hasher)
+        return self.cache.finish(self.tokens, items, prompt_len=self.n, hashes=self.hasher,
+                                 start=self._leaf)
 
     def __enter__(self) -> RequestSession:
         return self

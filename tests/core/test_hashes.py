@@ -51,3 +51,18 @@ def test_saves_keyed_by_a_chain_hasher_hit_like_any_other() -> None:
     assert c2.save(a, items, hashes=ch).stored == len(items)
     assert set(c2.index.where) == set(c1.index.where)    # the very same keys
     assert c2.lookup(np.r_[a, [1]]).num_tokens == 24
+
+
+def test_a_save_resumes_where_the_request_last_saved() -> None:
+    a = np.arange(64) + 3
+    hinted, plain = make_cache(), make_cache()
+    leaf = None
+    for s in range(0, 64, 8):
+        leaf = hinted.save(a[: s + 8], kv_items(a, s, s + 8), start=leaf).leaf
+        plain.save(a[: s + 8], kv_items(a, s, s + 8))
+    assert leaf[1] == 64 and hinted.tree.node(leaf[0]).depth == 64
+    assert set(hinted.index.where) == set(plain.index.where)
+    stale = (leaf[0] + 999, 64)                          # a node that is not there
+    assert hinted.save(a, [state_item(a, 64)], start=stale).stored == 1
+    assert hinted.lookup(np.r_[a, [1]]).num_tokens == 64
+    hinted.check_integrity()

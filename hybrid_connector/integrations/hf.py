@@ -9,19 +9,17 @@ padding masks, static caches, and layers a KV chunk cannot hold: sliding-window 
 indexed (DSA) attention, K and V of different head sizes (multi-head latent attention, as in
 Kimi Linear); ``create`` and the constructor refuse those with a ValueError naming the layer.
 
-One request, as :meth:`HFRuntime.prefill` runs it::
+One request, as :meth:`HFRuntime.prefill` runs it through a ``RequestSession``::
 
-    plan = cache.lookup(prompt)          # exact checkpoint, replay (anchors) or miss
-    [replay plan and the gate says no -> the exact plan instead]
-    saves = cache.plan_saves(prompt)     # checkpoint positions admission wants
-    lease = cache.acquire(plan); loaded = cache.load(plan)
-    model_cache = restore(KV [0, p), state at p)   # or replay the state from anchors
-    cache.release(lease)
-    run prompt[p:], split at every checkpoint position q: run [.., q), snapshot, continue
-    cache.save(prompt, KV chunks + checkpoints + anchor pages)
+    s = RequestSession(cache, prompt, gate=...)   # exact checkpoint, replay or miss
+                                                  # (a replay the gate refuses: exact plan)
+    loaded = s.load(); model_cache = restore(KV [0, p), state at p)   # or replay anchors
+    s.release()
+    run prompt[p:], split at every s.checkpoints q: run [.., q), snapshot, continue
+    s.save_prefill(KV chunks, checkpoints, anchor pages)
 
 :meth:`HFRuntime.decode` continues greedily; :meth:`HFRuntime.finish` saves the last KV
-chunks, anchors and the final state (admission decides) through ``cache.finish``.
+chunks, anchors and the final state (admission decides) through ``s.finish``.
 
 **Intermediate states.** A recurrent state exists only where the model stopped, so a
 checkpoint at p (a branch point, a placement pick) is taken by splitting the prefill at p.
@@ -37,7 +35,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,11 +47,11 @@ from hybrid_connector.config import HybridConfig
 from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorder
 from hybrid_connector.integrations.hf_replay import gather_anchors, replay_states
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
-from hybrid_connector.keys import ObjectKind
 from hybrid_connector.layout import anchor_layout as layout_anchor_layout
 from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
+from hybrid_connector.plan import LoadPlan, LoadResult, SaveResult
 from hybrid_connector.replay import ReplayGate
+from hybrid_connector.session import RequestSession
 from tiers.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -94,7 +92,7 @@ class PrefillResult:
     model_cache: Any
     info: PrefillInfo
     tokens: list[int]
-    kv_next: int  # first token whose KV chunk is not saved yet (chunk aligned)
+    session: RequestSession  # the request's life against the cache (saves, finish)
     finished: bool = False
 
 
@@ -177,15 +175,10 @@ class HFRuntime:
         return logits if all_logits else logits[-1:]
 
     # ------------------------------------------------------------------ lookup
-    def _choose_plan(self, arr: Sequence[int], info: PrefillInfo) -> LoadPlan:
-        plan = self.cache.lookup(arr, alignment=self.alignment)
-        if plan.hit and not plan.exact:
-            k = len(plan.anchors) * self.layout.keep
-            if self.gate is None or not self.gate.admits(k):
-                info.gate_rejected = True
-                plan = self.cache.lookup(arr, alignment=self.alignment, replay=False)
-        self.cache.record_lookup(plan)
-        return plan
+    def _admits(self, plan: LoadPlan) -> bool:
+        """The replay gate: an approximate plan is used only when a calibrated gate admits
+        its replay length (without a gate, never)."""
+        return self.gate is not None and self.gate.admits(len(plan.anchors) * self.layout.keep)
 
     def _restore(self, plan: LoadPlan, loaded: LoadResult, info: PrefillInfo) -> Any:
         p = loaded.num_tokens
@@ -214,38 +207,36 @@ class HFRuntime:
         n = len(arr)
         info = PrefillInfo(prompt_tokens=n)
         t0 = time.perf_counter()
-        plan = self._choose_plan(arr, info)
-        saves = self.cache.plan_saves(arr, alignment=self.alignment)
+        s = RequestSession(self.cache, arr, alignment=self.alignment, gate=self._admits)
+        info.gate_rejected = s.gate_rejected
         if self.recorder is not None:
             self.recorder.reset()
         mc: Any = None
-        p = 0
-        lease = self.cache.acquire(plan) if plan.hit else None
         try:
-            if lease is not None:
+            if s.plan.hit:
                 t = time.perf_counter()
-                loaded = self.cache.load(plan)
+                loaded = s.load()
                 info.load_failed = len(loaded.failed)
                 info.seconds["load"] = time.perf_counter() - t
                 if loaded.num_tokens > 0:
-                    mc = self._restore(plan, loaded, info)
-                    p = loaded.num_tokens
+                    mc = self._restore(s.plan, loaded, info)
         finally:
-            self.cache.release(lease)
+            s.release()
+        p = s.hit
         if mc is None:
             mc, p, info.exact = new_model_cache(self.model), 0, True
         info.hit_tokens = p
         info.seconds["restore"] = time.perf_counter() - t0
         # Run the rest, split at the checkpoint positions.
         t = time.perf_counter()
-        cuts = sorted({q for q in saves.state_positions if p < q < n})
-        items: list[SaveItem] = []
+        cuts = s.checkpoints
+        states: dict[int, torch.Tensor] = {}
         pos = p
         logits = torch.empty(0)
         for q in [*cuts, n]:
             logits = self._run(ids[pos:q], mc, pos)
             if q < n:
-                items.append(SaveItem(ObjectKind.STATE, q, q, self.adapter.extract_state(mc)))
+                states[q] = self.adapter.extract_state(mc)
             pos = q
         info.computed_tokens = n - p
         info.checkpoints = tuple(cuts)
@@ -253,26 +244,16 @@ class HFRuntime:
         info.seconds["ttft"] = time.perf_counter() - t0
         # Saves (off the first-token path; an engine would do them asynchronously).
         t = time.perf_counter()
-        kv_next = saves.kv_from - saves.kv_from % self.config.chunk_size
-        items += self._kv_items(mc, kv_next, n, cuts)
-        if self.recorder is not None:
-            items += self.recorder.pages(n)
-        info.saved = self.cache.save(arr, items)
+        pages = self.recorder.pages(n) if self.recorder is not None else []
+        info.saved = s.save_prefill(self._kv_of(mc), states, pages)
         info.seconds["save"] = time.perf_counter() - t
-        full_chunks = n - n % self.config.chunk_size
-        return PrefillResult(logits, mc, info, arr, max(kv_next, full_chunks))
+        return PrefillResult(logits, mc, info, arr, s)
 
-    def _kv_items(self, mc: Any, start: int, end: int, cuts: Sequence[int] = ()) -> list[SaveItem]:
-        """KV chunks ``[start, end)`` at multiples of ``chunk_size``, also cut at every
-        checkpoint position: the cache only chains KV chunks that end at or before a match,
-        so a checkpoint at q is usable by a prompt that diverges right after q only if a
-        chunk ends exactly at q."""
-        if not self.adapter.attention or start >= end:
-            return []
-        c = self.config.chunk_size
-        bounds = sorted({*range(start, end, c), *(q for q in cuts if start < q < end), end})
-        return [SaveItem(ObjectKind.KV, s, e, self.adapter.extract_kv(mc, s, e))
-                for s, e in zip(bounds, bounds[1:], strict=False)]
+    def _kv_of(self, mc: Any) -> Callable[[int, int], torch.Tensor] | None:
+        """The KV chunk payloads of ``mc`` (None for a model without attention)."""
+        if not self.adapter.attention:
+            return None
+        return lambda a, b: self.adapter.extract_kv(mc, a, b)
 
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
@@ -287,20 +268,19 @@ class HFRuntime:
             out.append(tok)
             result.logits = self._run(torch.tensor([tok]), result.model_cache, len(result.tokens))
             result.tokens.append(tok)
+        result.session.extend(out)
         return out
 
     def finish(self, result: PrefillResult) -> SaveResult:
         """End the request: save the remaining KV chunks, anchor pages and the final state
-        at ``len(result.tokens)`` (kept if admission wants it) via ``cache.finish``."""
+        at ``len(result.tokens)`` (kept if admission wants it) through its session."""
         if result.finished:
             raise ValueError("finish called twice")
         result.finished = True
         n = len(result.tokens)
-        items = self._kv_items(result.model_cache, result.kv_next, n)
-        items.append(SaveItem(ObjectKind.STATE, n, n, self.adapter.extract_state(result.model_cache)))
-        if self.recorder is not None:
-            items += self.recorder.pages(n)
-        return self.cache.finish(result.tokens, items, prompt_len=result.info.prompt_tokens)
+        pages = self.recorder.pages(n) if self.recorder is not None else []
+        state = {n: self.adapter.extract_state(result.model_cache)}
+        return result.session.finish(self._kv_of(result.model_cache), state, pages)
 
     def generate(self, input_ids: Sequence[int] | torch.Tensor, num_tokens: int) -> tuple[list[int], PrefillInfo]:
         """prefill + greedy decode of ``num_tokens`` + finish; returns the new tokens."""

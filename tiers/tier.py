@@ -18,12 +18,16 @@ Contract shared by every tier:
 * ``pin`` keeps an object from appearing in ``lru`` (so it is never chosen for demotion or
   eviction); pins nest. ``remove`` of a pinned object hides it at once, and its storage is
   reclaimed at the last ``unpin`` (so an in-flight read stays valid).
+* A put may carry each object's ``ObjectMeta`` (what an index needs to re-link it after
+  a restart); the tier keeps it with the object (``object_meta``, ``inventory``), a
+  persistent tier stores it with the bytes, and a move hands it on.
 * Thread safe. ``close`` releases resources; the tier must not be used afterwards.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import threading
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
@@ -33,7 +37,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+
+log = logging.getLogger(__name__)
 
 
 def nbytes_of(t: torch.Tensor) -> int:
@@ -75,6 +81,20 @@ def check_payload(t: object) -> str | None:
     return None
 
 
+def check_metas(items: Sequence[object], metas: Sequence[ObjectMeta | None] | None
+                ) -> Sequence[ObjectMeta | None]:
+    """``metas`` aligned with ``items`` (all None when ``metas`` is None); ValueError when
+    the lengths differ or an element is neither an ``ObjectMeta`` nor None."""
+    if metas is None:
+        return [None] * len(items)
+    if len(metas) != len(items):
+        raise ValueError(f"{len(items)} items but {len(metas)} metas")
+    for m in metas:
+        if m is not None and not isinstance(m, ObjectMeta):
+            raise ValueError(f"meta must be an ObjectMeta or None, got {type(m).__name__}")
+    return metas
+
+
 class TierUnavailable(Exception):
     """A tier could not serve a read for a passing reason (remote down, timeout)."""
 
@@ -90,6 +110,7 @@ class Entry:
     handle: object = None  # tier-specific location (slab offset, file name, remote name)
     pins: int = 0
     doomed: bool = False  # removed while pinned: reclaim at the last unpin
+    meta: ObjectMeta | None = None  # what the put carried (a persistent tier: the file)
 
 
 @dataclass(slots=True)
@@ -138,9 +159,13 @@ class Tier(ABC):
         caller must ``unpin`` it). A removed-while-pinned object is not contained."""
 
     @abstractmethod
-    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
+            metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
         """Store copies; element i False when item i was not stored (no room in its pool,
-        bad payload, I/O failure), in which case any old object under that key survives."""
+        bad payload, metadata that cannot describe its key, I/O failure), in which case
+        any old object under that key survives. ``metas``: None, or one ``ObjectMeta`` or
+        None per item (ValueError if the lengths differ or an element is neither), kept
+        with the object; an overwrite replaces the old object's metadata too."""
 
     @abstractmethod
     def get_into(self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]) -> list[bool]:
@@ -180,6 +205,24 @@ class Tier(ABC):
     @abstractmethod
     def stats(self) -> TierStats:
         """A snapshot of the counters."""
+
+    def object_meta(self, key: ObjectKey) -> ObjectMeta | None:
+        """The ``ObjectMeta`` the held object ``key`` carries (None: absent, or stored
+        without one). No side effects. The default tier keeps none."""
+        return None
+
+    def inventory(self) -> list[tuple[ObjectKey, int, ObjectMeta | None]]:
+        """``(key, nbytes, meta)`` of every held object, kind by kind (``ObjectKind``
+        order), each kind least recently used first (a persistent tier after a restart:
+        oldest file first); a snapshot, pinned objects included. What an index rebuilds
+        itself from at a warm restart."""
+        out: list[tuple[ObjectKey, int, ObjectMeta | None]] = []
+        held = self.held_keys()
+        for kind in ObjectKind:
+            for k in held:
+                if k.kind is kind and (m := self.meta(k)) is not None:
+                    out.append((k, m[2], self.object_meta(k)))
+        return out
 
     def fits(self, kind: ObjectKind, nbytes: int) -> bool:
         """Whether a put of ``nbytes`` of ``kind`` would find room now (no side effects)."""
@@ -253,6 +296,13 @@ class IndexedTier(Tier):
         """Free ``entry``'s storage (it is already out of the index; the index lock is held).
         Storage named by key must check ``self._key_busy(key)``: a newer object may own it."""
 
+    def _store_with_meta(self, key: ObjectKey, payload: torch.Tensor, token: object,
+                         meta: ObjectMeta | None) -> object | None:
+        """``_store`` for a put carrying ``meta``. A tier that persists metadata with the
+        bytes overrides this (and its ``_store`` calls it with None); by default the
+        metadata lives in the ``Entry`` only."""
+        return self._store(key, payload, token)
+
     def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
         """Reserve room for ``nbytes`` more of ``key.kind``; return a token for ``_store``
         (None: no room). Called under the index lock; the budget check is done already."""
@@ -298,8 +348,10 @@ class IndexedTier(Tier):
             e = self._entry(key)
             return None if e is None else (e.shape, e.dtype, e.nbytes)
 
-    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
-        out = [self._put_one(k, t) for k, t in items]
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
+            metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
+        ms = check_metas(items, metas)
+        out = [self._put_one(k, t, m) for (k, t), m in zip(items, ms, strict=True)]
         if any(out):
             self._after_batch()
         return out
@@ -308,8 +360,12 @@ class IndexedTier(Tier):
         """Runs once after a ``put`` batch stored anything, before ``put`` returns (e.g. one
         directory fsync for the whole batch)."""
 
-    def _put_one(self, key: ObjectKey, payload: torch.Tensor) -> bool:
-        if check_payload(payload) is not None:
+    def _put_one(self, key: ObjectKey, payload: torch.Tensor, meta: ObjectMeta | None = None
+                 ) -> bool:
+        why = meta.check_key(key) if meta is not None else None
+        if why is not None:
+            log.warning("tier %s: metadata does not fit %s: %s", self.name, key.to_str(), why)
+        if why is not None or check_payload(payload) is not None:
             self._stats.put_failures += 1
             return False
         n = nbytes_of(payload)
@@ -326,7 +382,7 @@ class IndexedTier(Tier):
             self._inflight[key] += 1
         handle = None
         try:
-            handle = self._store(key, payload, token)
+            handle = self._store_with_meta(key, payload, token, meta)
         finally:
             if handle is None:
                 with self._lock:
@@ -336,7 +392,7 @@ class IndexedTier(Tier):
                     self._stats.put_failures += 1
         if handle is None:
             return False
-        entry = Entry(key, n, tuple(payload.shape), payload.dtype, handle)
+        entry = Entry(key, n, tuple(payload.shape), payload.dtype, handle, meta=meta)
         with self._lock:
             old = self._lru[key.kind].pop(key, None)
             self._lru[key.kind][key] = entry
@@ -470,6 +526,16 @@ class IndexedTier(Tier):
         with self._lock:
             e = self._entry(key)
             return 0 if e is None else e.pins
+
+    def object_meta(self, key: ObjectKey) -> ObjectMeta | None:
+        with self._lock:
+            e = self._entry(key)
+            return None if e is None else e.meta
+
+    def inventory(self) -> list[tuple[ObjectKey, int, ObjectMeta | None]]:
+        with self._lock:
+            return [(e.key, e.nbytes, e.meta) for k in ObjectKind
+                    for e in self._lru[k].values() if not e.doomed]
 
     def stats(self) -> TierStats:
         with self._lock:

@@ -16,6 +16,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import blake3
 import numpy as np
@@ -194,8 +195,21 @@ MAX_META_BLOCK = MAX_POSITION
 _META_HEAD = struct.Struct("<BBBBQII")
 _META_VERSION = 1
 _VAR_HASH = 0xFF
+_WIDTH_CODE = {2: "H", 4: "I", 8: "Q"}
 MAX_META_BYTES = (_META_HEAD.size + MAX_PREFIX_BYTES + 8 * MAX_META_TOKENS
                   + (1 + MAX_PREFIX_BYTES) * MAX_META_HASHES)
+
+
+_struct = functools.lru_cache(maxsize=64)(struct.Struct)  # formats of the meta fields
+
+
+def _meta_seq(name: str, v: object, limit: int) -> Any:
+    """``v`` if it is a sequence (not str or bytes) of at most ``limit`` elements."""
+    if isinstance(v, (str, bytes)) or not isinstance(v, (Sequence, np.ndarray)):
+        raise ValueError(f"meta {name} must be a sequence, got {type(v).__name__}")
+    if len(v) > limit:  # before converting anything
+        raise ValueError(f"meta {name}: {len(v)} > {limit}")
+    return v
 
 
 def _meta_int(name: str, v: object, hi: int) -> int:
@@ -246,12 +260,8 @@ class ObjectMeta:
                              f"{len(self.prev) if isinstance(self.prev, bytes) else type(self.prev).__name__}")
         object.__setattr__(self, "block_size",
                            _meta_int("block_size", self.block_size, MAX_META_BLOCK))
-        toks = self.tokens
+        toks = _meta_seq("tokens", self.tokens, MAX_META_TOKENS)
         if type(toks) is not tuple or not all(type(t) is int for t in toks):
-            if isinstance(toks, (str, bytes)) or not isinstance(toks, (Sequence, np.ndarray)):
-                raise ValueError(f"meta tokens must be a sequence of ints, got {type(toks).__name__}")
-            if len(toks) > MAX_META_TOKENS:  # before converting anything
-                raise ValueError(f"meta tokens: {len(toks)} > {MAX_META_TOKENS}")
             if isinstance(toks, np.ndarray):
                 try:
                     toks = tuple(as_tokens(toks).tolist())
@@ -260,20 +270,12 @@ class ObjectMeta:
             else:
                 toks = tuple(_meta_int("tokens", t, MAX_POSITION) for t in toks)
             object.__setattr__(self, "tokens", toks)
-        if len(toks) > MAX_META_TOKENS:
-            raise ValueError(f"meta tokens: {len(toks)} > {MAX_META_TOKENS}")
         if toks and not (min(toks) >= 0 and max(toks) <= MAX_POSITION):
             raise ValueError(f"meta tokens must lie in [0, {MAX_POSITION}]")
-        hs = self.hashes
+        hs = _meta_seq("hashes", self.hashes, MAX_META_HASHES)
         if type(hs) is not tuple:
-            if isinstance(hs, (str, bytes)) or not isinstance(hs, Sequence):
-                raise ValueError(f"meta hashes must be a sequence of bytes, got {type(hs).__name__}")
-            if len(hs) > MAX_META_HASHES:
-                raise ValueError(f"meta hashes: {len(hs)} > {MAX_META_HASHES}")
             hs = tuple(hs)
             object.__setattr__(self, "hashes", hs)
-        if len(hs) > MAX_META_HASHES:
-            raise ValueError(f"meta hashes: {len(hs)} > {MAX_META_HASHES}")
         if not all(type(h) is bytes and len(h) <= MAX_PREFIX_BYTES for h in hs):
             raise ValueError(f"meta hashes must each be bytes of at most {MAX_PREFIX_BYTES}")
         if hs and not self.block_size:
@@ -328,7 +330,7 @@ class ObjectMeta:
         hlen = lens.pop() if len(lens) == 1 else (_VAR_HASH if lens else 0)
         head = _META_HEAD.pack(_META_VERSION, len(self.prev), hlen, width, self.block_size,
                                len(toks), len(self.hashes))
-        body = np.asarray(toks, dtype=f"<u{width}").tobytes() if toks else b""
+        body = _struct(f"<{len(toks)}{_WIDTH_CODE[width]}").pack(*toks) if toks else b""
         if hlen == _VAR_HASH:
             hashes = b"".join(bytes([len(h)]) + h for h in self.hashes)
         else:
@@ -357,20 +359,24 @@ class ObjectMeta:
         if least > len(mv) or (hlen != _VAR_HASH and least != len(mv)):
             raise ValueError(f"meta: {len(mv)} bytes, its head says {least}")
         prev = bytes(mv[_META_HEAD.size : _META_HEAD.size + plen])
-        arr = np.frombuffer(mv, dtype=f"<u{width or 2}", count=ntok,
-                            offset=_META_HEAD.size + plen)
-        if width == 8 and ntok and int(arr.max()) > MAX_POSITION:
+        toks = _struct(f"<{ntok}{_WIDTH_CODE[width]}").unpack_from(
+            mv, _META_HEAD.size + plen) if ntok else ()
+        if width == 8 and max(toks) > MAX_POSITION:
             raise ValueError(f"meta tokens must lie in [0, {MAX_POSITION}]")
-        hashes: list[bytes] = []
+        hashes: Sequence[bytes]
         if hlen == _VAR_HASH:
+            var: list[bytes] = []
             for _ in range(nh):
                 n = mv[pos] if pos < len(mv) else MAX_PREFIX_BYTES + 1
                 if n > MAX_PREFIX_BYTES or pos + 1 + n > len(mv):
                     raise ValueError("meta hash length runs past the buffer or the limit")
-                hashes.append(bytes(mv[pos + 1 : pos + 1 + n]))
+                var.append(bytes(mv[pos + 1 : pos + 1 + n]))
                 pos += 1 + n
             if pos != len(mv):
                 raise ValueError(f"meta: {len(mv) - pos} bytes left over")
+            hashes = var
+        elif hlen and nh <= 1024:
+            hashes = _struct(f"{hlen}s" * nh).unpack_from(mv, pos)
         elif hlen:
             raw = bytes(mv[pos:])
             hashes = [raw[p : p + hlen] for p in range(0, nh * hlen, hlen)]
@@ -380,7 +386,8 @@ class ObjectMeta:
             raise ValueError("meta hashes need a block_size > 0")
         # Every field was checked above: skip __post_init__ (it would redo it per token).
         out = object.__new__(cls)
-        for name, value in (("prev", prev), ("tokens", tuple(arr.tolist())),
-                            ("hashes", tuple(hashes)), ("block_size", bs)):
-            object.__setattr__(out, name, value)
+        object.__setattr__(out, "prev", prev)
+        object.__setattr__(out, "tokens", toks)
+        object.__setattr__(out, "hashes", tuple(hashes))
+        object.__setattr__(out, "block_size", bs)
         return out

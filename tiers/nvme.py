@@ -25,7 +25,8 @@ The directory belongs to one tier instance at a time (a second instance starting
 would delete the first one's in-flight temporary files as debris of a crash).
 
 Optional zstd per kind (``zstd={ObjectKind.STATE: 3}``). Budgets count payload bytes (as
-every tier does); each file adds one header (< 1 KiB) on disk. Reads use plain
+every tier does); each file adds one header (< 1 KiB) and its metadata, if any (1.3 KiB
+for a 256-token KV chunk, see benchmarks/restart.py), on disk. Reads use plain
 ``readinto`` into the caller's buffer: on page-cache-backed files this is a single copy,
 and O_DIRECT would need aligned bounce buffers that cost more than they save here.
 """

@@ -52,6 +52,9 @@ class Executor:
         self._stash: dict[ObjectKey, torch.Tensor] = {}  # taken, not yet put back (lane-owned)
         self._taken_from: dict[ObjectKey, str] = {}
         self._stash_meta: dict[ObjectKey, ObjectMeta] = {}  # metadata of stashed objects
+        # Bumped each time an object has landed in a new place (stash or tier) and before
+        # it leaves the old one, so a read that missed can tell it raced with a move.
+        self._relocations = 0
         self._rank = {name: i for i, name in enumerate(self.tiers)}
         self.promotions: Counter[str] = Counter()  # objects moved to a faster tier, by kind
         self.demotions: Counter[str] = Counter()   # to a slower one
@@ -156,7 +159,8 @@ class Executor:
                 t.remove(keys)
                 out = [False] * len(keys)
         for k, ok in zip(keys, out, strict=True):  # a taken object leaves the stash once stored
-            self._stash.pop(k, None)
+            if self._stash.pop(k, None) is not None:
+                self._relocations += 1
             self._stash_meta.pop(k, None)
             src = self._taken_from.pop(k, None)
             if ok and src is not None:
@@ -178,6 +182,7 @@ class Executor:
             ok = data is not None and bool(_put_with(dst, [(op.key, data)], [meta])[0])
         except Exception:
             log.exception("move %s -> %s failed", op.src, op.dst)
+        self._relocations += 1
         if op.src != self.shared:
             src.remove([op.key])  # moved, or failed: either way no stale copy stays behind
         if not ok and op.dst != self.shared:
@@ -200,6 +205,7 @@ class Executor:
             if meta is not None:
                 self._stash_meta[op.key] = meta
             self._stash[op.key] = data  # before the remove: a concurrent read always finds it
+            self._relocations += 1
             self._taken_from[op.key] = op.tier
         if op.tier != self.shared:
             t.remove([op.key])  # the stash holds it until its put
@@ -230,6 +236,17 @@ class Executor:
         return [self._read_one(k, h) for k, h in zip(keys, hints, strict=True)]
 
     def _read_one(self, key: ObjectKey, hint: str | None) -> torch.Tensor | None:
+        # A move can carry the object from a place not looked at yet to one already looked
+        # at (a take into the stash, a move to a tier earlier in the order): a miss while a
+        # move landed somewhere looks again (a few times: a lane cannot move it forever).
+        for _ in range(4):
+            seen = self._relocations
+            data = self._read_scan(key, hint)
+            if data is not None or self._relocations == seen:
+                return data
+        return None
+
+    def _read_scan(self, key: ObjectKey, hint: str | None) -> torch.Tensor | None:
         staged = self._stash.get(key)  # mid-promotion: taken, not put back yet
         if staged is not None:
             return staged.to(self.device, copy=True)

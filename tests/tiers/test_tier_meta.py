@@ -288,3 +288,35 @@ def test_manager_put_validates_metas() -> None:
     with pytest.raises(ValueError, match="metas"):
         m.put([(k, make_payload(1))], [None, None])
     assert m.put([(k, make_payload(1))]) == [True]  # no metadata: as before
+
+
+class RacingTier(MemoryTier):
+    """Runs ``hook`` once, inside the next ``contains``: a lane's op landing between a
+    reader's look at the stash and its look at this tier."""
+
+    hook = None
+
+    def contains(self, keys, pin=False):  # type: ignore[no-untyped-def]
+        hook, self.hook = self.hook, None
+        out = super().contains(keys, pin)
+        if hook is not None:
+            hook()
+        return out
+
+
+@pytest.mark.parametrize("race", ["take_into_stash", "move_to_a_tier_looked_at"])
+def test_read_racing_a_move_still_finds_the_object(race: str) -> None:
+    """A read that looked at the stash (or a tier) before a lane moved the object there
+    looks again instead of missing (found by the flaky cache-over-tiers test: a take ran
+    between the reader's stash check and its tier check)."""
+    a, b = MemoryTier("a", BIG), RacingTier("b", BIG)
+    ex = Executor([a, b], inline=True)
+    k, v = make_key(1), make_payload(1)
+    assert ex.submit([Put(k, "b")], {k: v}).result() == [True]
+    if race == "take_into_stash":
+        b.hook = lambda: ex.submit([Take(k, "b")], {}).result()
+    else:  # "a" was looked at first; the object moves there, then leaves "b"
+        b.hook = lambda: ex.submit([Move(k, "b", "a")], {}).result()
+    got = ex.read([k], ["a"])[0]
+    assert got is not None and same_bits(got, v)
+    ex.close()

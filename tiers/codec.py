@@ -6,11 +6,15 @@ Layout::
     header  JSON: key (ObjectKey.to_str), kind, shape, dtype, nbytes (raw), stored (bytes
             that follow), codec ("raw" | "zstd"), checksum of the raw bytes ("xxh3:<hex>",
             xxh3-128, or "blake3:<hex>" where xxhash is missing)
+            optional: meta_len, meta_crc (crc32 of the metadata), both or neither
+    meta    ``meta_len`` bytes (only with those fields): ``ObjectMeta.to_bytes``
     body    ``stored`` bytes: the raw tensor bytes, or their zstd frame
 
 The checksum covers the raw bytes, so a bad decompression is caught as well as a torn or
-flipped body; the header CRC catches a damaged header before it is trusted. dtype and shape
-round-trip exactly (any torch dtype, including bfloat16 and 0-d/empty shapes).
+flipped body; the header CRC catches a damaged header before it is trusted, and the
+metadata CRC, inside the header, damaged metadata. Files and blobs without metadata (the
+format before it existed) still decode. dtype and shape round-trip exactly (any torch
+dtype, including bfloat16 and 0-d/empty shapes).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import blake3
 import numpy as np
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.keys import MAX_META_BYTES, ObjectKey, ObjectKind, ObjectMeta
 from tiers.tier import byte_view
 
 MAGIC = b"HCT1"
@@ -46,6 +50,8 @@ _QUANTIZED = frozenset({torch.qint8, torch.quint8, torch.qint32, torch.quint4x2,
 _KINDS = frozenset(k.value for k in ObjectKind)
 _FIELDS: dict[str, type] = {"key": str, "kind": str, "shape": list, "dtype": str,
                             "nbytes": int, "stored": int, "codec": str, "checksum": str}
+_META_FIELDS: dict[str, type] = {"meta_len": int, "meta_crc": int}
+_ALL_FIELDS = {**_FIELDS, **_META_FIELDS}
 _BLAKE_THREADS_MIN = 1 << 20  # multi-threaded hashing pays off above ~1 MiB
 
 
@@ -144,20 +150,28 @@ class Header:
     stored: int
     codec: str
     checksum: str
+    meta_len: int = 0  # metadata bytes between the header and the body (0: none)
+    meta_crc: int = 0
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return dtype_from_name(self.dtype)
 
 
-def encode_header(key: ObjectKey, t: torch.Tensor, body_len: int, codec: str, digest: str) -> bytes:
-    """Prefix + header bytes for ``t`` whose body (``body_len`` bytes) follows."""
-    hdr = json.dumps({
+def encode_header(key: ObjectKey, t: torch.Tensor, body_len: int, codec: str, digest: str,
+                  meta: ObjectMeta | None = None) -> bytes:
+    """Prefix + header (+ the metadata, when given) bytes for ``t`` whose body
+    (``body_len`` bytes) follows."""
+    fields: dict[str, object] = {
         "key": key.to_str(), "kind": key.kind.value, "shape": list(t.shape),
         "dtype": str(t.dtype).removeprefix("torch."), "nbytes": t.numel() * t.element_size(),
         "stored": body_len, "codec": codec, "checksum": digest,
-    }, separators=(",", ":")).encode()
-    return PREFIX.pack(MAGIC, VERSION, 0, 0, len(hdr), zlib.crc32(hdr)) + hdr
+    }
+    mbytes = b"" if meta is None else meta.to_bytes()
+    if mbytes:
+        fields["meta_len"], fields["meta_crc"] = len(mbytes), zlib.crc32(mbytes)
+    hdr = json.dumps(fields, separators=(",", ":")).encode()
+    return PREFIX.pack(MAGIC, VERSION, 0, 0, len(hdr), zlib.crc32(hdr)) + hdr + mbytes
 
 
 def decode_prefix(buf: bytes) -> tuple[int, int]:
@@ -180,7 +194,9 @@ def decode_header(hbytes: bytes, hcrc: int) -> Header:
     a known kind, dtype and codec, at most ``MAX_DIMS`` dims each >= 0, ``nbytes`` equal to
     shape x itemsize, and a body size consistent with it (raw: equal; zstd: at most
     ``ZSTD_MAX_RATIO`` times smaller). Raises CorruptObject, never anything else, so
-    callers can bound every allocation by the header and the header by the file."""
+    callers can bound every allocation by the header and the header by the file. The
+    optional ``meta_len`` (1 to ``MAX_META_BYTES``) and ``meta_crc`` (a crc32) come
+    together; ``decode_meta`` checks the metadata they describe."""
     if zlib.crc32(hbytes) != hcrc:
         raise CorruptObject("header checksum mismatch")
     try:
@@ -189,16 +205,19 @@ def decode_header(hbytes: bytes, hcrc: int) -> Header:
         raise CorruptObject("header nests too deeply") from None
     except ValueError as exc:  # bad JSON or UTF-8, an integer of thousands of digits
         raise CorruptObject(f"bad header: {str(exc)[:200]}") from None
-    if type(d) is not dict or d.keys() != _FIELDS.keys():
+    if type(d) is not dict or d.keys() not in (_FIELDS.keys(), _ALL_FIELDS.keys()):
         raise CorruptObject("header fields are missing or unknown")
-    for name, typ in _FIELDS.items():
-        if type(d[name]) is not typ:
+    for name, typ in _ALL_FIELDS.items():
+        if name in d and type(d[name]) is not typ:
             raise CorruptObject(f"header field {name!r} is not a {typ.__name__}")
+    mlen, mcrc = d.get("meta_len", 0), d.get("meta_crc", 0)
+    if "meta_len" in d and not (0 < mlen <= MAX_META_BYTES and 0 <= mcrc < 1 << 32):
+        raise CorruptObject("header meta_len or meta_crc out of range")
     shape = d["shape"]
     if len(shape) > MAX_DIMS or not all(type(x) is int and x >= 0 for x in shape):
         raise CorruptObject("header shape must be at most 64 integers >= 0")
     h = Header(d["key"], d["kind"], tuple(shape), d["dtype"], d["nbytes"], d["stored"],
-               d["codec"], d["checksum"])
+               d["codec"], d["checksum"], mlen, mcrc)
     if h.kind not in _KINDS or h.codec not in ("raw", "zstd"):
         raise CorruptObject("header kind or codec is unknown")
     if not _CHECKSUM_RE.fullmatch(h.checksum):
@@ -210,6 +229,24 @@ def decode_header(hbytes: bytes, hcrc: int) -> Header:
     if h.codec == "zstd" and h.nbytes > h.stored * ZSTD_MAX_RATIO:
         raise CorruptObject("zstd body too small for nbytes")
     return h
+
+
+def decode_meta(h: Header, mbytes: Buf, key: ObjectKey) -> ObjectMeta | None:
+    """The ``ObjectMeta`` of the ``h.meta_len`` bytes that follow ``h`` (None when ``h``
+    has none): CorruptObject if they are short, fail the header's CRC, are malformed, or
+    cannot describe ``key``."""
+    if not h.meta_len:
+        return None
+    if len(mbytes) != h.meta_len or zlib.crc32(mbytes) != h.meta_crc:
+        raise CorruptObject("metadata truncated or checksum mismatch")
+    try:
+        meta = ObjectMeta.from_bytes(mbytes)
+    except ValueError as exc:
+        raise CorruptObject(f"bad metadata: {exc}") from None
+    why = meta.check_key(key)
+    if why is not None:
+        raise CorruptObject(f"metadata does not fit its key: {why}")
+    return meta
 
 
 def check_frame(h: Header, body_head: Buf) -> None:
@@ -229,16 +266,18 @@ def check_frame(h: Header, body_head: Buf) -> None:
         raise CorruptObject(f"zstd frame declares {size} bytes, header {h.nbytes}")
 
 
-def max_blob_len(nbytes: int) -> int:
+def max_blob_len(nbytes: int, meta_len: int = 0) -> int:
     """An upper bound on the size of any blob ``encode_blob`` makes of ``nbytes`` payload
-    bytes (prefix, the largest header, and zstd's worst-case expansion), so a reader can
-    refuse a longer one before allocating it."""
+    bytes and ``meta_len`` metadata bytes (prefix, the largest header, and zstd's
+    worst-case expansion), so a reader can refuse a longer one before allocating it."""
     zstd_bound = nbytes + (nbytes >> 8) + (((128 << 10) - nbytes) >> 11 if nbytes < 128 << 10 else 0)
-    return PREFIX.size + MAX_HEADER + zstd_bound + 64  # + frame header and checksum
+    return PREFIX.size + MAX_HEADER + meta_len + zstd_bound + 64  # + frame header, checksum
 
 
-def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tuple[bytes, Buf]:
-    """(prefix+header, body) of ``t``; the body is a view of the tensor when uncompressed."""
+def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None,
+           meta: ObjectMeta | None = None) -> tuple[bytes, Buf]:
+    """(prefix+header+metadata, body) of ``t``; the body is a view of the tensor when
+    uncompressed."""
     raw = raw_bytes(t).data
     digest = checksum(raw)
     body: Buf = raw
@@ -248,7 +287,7 @@ def encode(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> tu
 
         body = zstandard.ZstdCompressor(level=zstd_level).compress(raw)
         codec = "zstd"
-    return encode_header(key, t, len(body), codec, digest), body
+    return encode_header(key, t, len(body), codec, digest, meta), body
 
 
 def decode_into(h: Header, body: Buf, out: torch.Tensor) -> None:
@@ -285,9 +324,10 @@ def decode_into(h: Header, body: Buf, out: torch.Tensor) -> None:
         out.reshape(-1).view(torch.uint8).copy_(torch.from_numpy(src))
 
 
-def encode_blob(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None) -> bytes:
+def encode_blob(key: ObjectKey, t: torch.Tensor, zstd_level: int | None = None,
+                meta: ObjectMeta | None = None) -> bytes:
     """One contiguous blob (remote stores)."""
-    head, body = encode(key, t, zstd_level)
+    head, body = encode(key, t, zstd_level, meta)
     return head + bytes(body)
 
 
@@ -299,7 +339,7 @@ def decode_blob_into(key: ObjectKey, blob: Buf, out: torch.Tensor) -> None:
     h = decode_header(bytes(mv[PREFIX.size : PREFIX.size + hlen]), hcrc)
     if h.key != key.to_str():
         raise CorruptObject("blob belongs to another key")
-    decode_into(h, mv[PREFIX.size + hlen :], out)
+    decode_into(h, mv[PREFIX.size + hlen + h.meta_len :], out)
 
 
 def blob_meta(blob: Buf) -> Header:

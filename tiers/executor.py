@@ -12,6 +12,10 @@ plan named, then every other tier (an object may be mid-move), so it never depen
 lanes' progress. Nothing here raises for store failures: an op that did not fully happen
 reports False (a failed put or move leaves no copy behind, see ``tiers.ops``), a read that
 failed is None.
+
+Metadata (``ObjectMeta``) travels with the bytes: a ``Put`` stores the metadata given to
+``submit`` for its key (or, for a taken object, the metadata it was taken with), and a
+``Move`` or ``Take`` carries the source copy's metadata to the destination.
 """
 
 from __future__ import annotations
@@ -23,12 +27,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from hybrid_connector.keys import ObjectKey
+from hybrid_connector.keys import ObjectKey, ObjectMeta
 from tiers.ops import Move, Op, Put, Remove, Take
 from tiers.tier import Tier
 
 log = logging.getLogger(__name__)
-_READ_PASSES = 3  # a read racing a move looks again (see ``_read_one``)
 Done = Callable[[list[int], list[bool]], None]
 
 
@@ -48,6 +51,10 @@ class Executor:
         self.shared = shared
         self._stash: dict[ObjectKey, torch.Tensor] = {}  # taken, not yet put back (lane-owned)
         self._taken_from: dict[ObjectKey, str] = {}
+        self._stash_meta: dict[ObjectKey, ObjectMeta] = {}  # metadata of stashed objects
+        # Bumped each time an object has landed in a new place (stash or tier) and before
+        # it leaves the old one, so a read that missed can tell it raced with a move.
+        self._relocations = 0
         self._rank = {name: i for i, name in enumerate(self.tiers)}
         self.promotions: Counter[str] = Counter()  # objects moved to a faster tier, by kind
         self.demotions: Counter[str] = Counter()   # to a slower one
@@ -60,11 +67,14 @@ class Executor:
 
     # ------------------------------------------------------------------ ops
     def submit(self, ops: Sequence[Op], payloads: Mapping[ObjectKey, torch.Tensor],
-               done: Done | None = None) -> Future[list[bool]]:
+               done: Done | None = None, metas: Mapping[ObjectKey, ObjectMeta] | None = None
+               ) -> Future[list[bool]]:
         """Run ``ops``; the future gives their results in order. ``done(indices, results)``
         is called once per lane as soon as that lane's ops ran (local ops do not wait for
-        the shared tier's), on the lane's thread, before the future completes."""
+        the shared tier's), on the lane's thread, before the future completes. ``metas``:
+        the metadata of the payloads' keys, stored by their puts (keys without: none)."""
         ops = list(ops)
+        metas = metas or {}
         results: list[bool] = [False] * len(ops)
         lanes: dict[str, list[int]] = {"local": [], "shared": []}
         for i, op in enumerate(ops):
@@ -78,7 +88,7 @@ class Executor:
         def run(name: str) -> None:
             idx = lanes[name]
             try:
-                self._run([ops[i] for i in idx], payloads, idx, results)
+                self._run([ops[i] for i in idx], payloads, idx, results, metas)
             finally:
                 try:
                     if done is not None:
@@ -106,7 +116,8 @@ class Executor:
         return op.tier == self.shared
 
     def _run(self, ops: list[Op], payloads: Mapping[ObjectKey, torch.Tensor],
-             where: list[int], results: list[bool]) -> None:
+             where: list[int], results: list[bool],
+             metas: Mapping[ObjectKey, ObjectMeta]) -> None:
         i = 0
         while i < len(ops):
             op = ops[i]
@@ -115,7 +126,7 @@ class Executor:
                 while j < len(ops) and isinstance(nxt := ops[j], Put) and nxt.tier == op.tier:
                     j += 1
                 batch = [o.key for o in ops[i:j]]
-                for n, ok in enumerate(self._put(op.tier, batch, payloads)):
+                for n, ok in enumerate(self._put(op.tier, batch, payloads, metas)):
                     results[where[i + n]] = ok
                 i = j
                 continue
@@ -133,21 +144,24 @@ class Executor:
             log.error("op names unknown tier %r (have %s)", name, list(self.tiers))
         return t
 
-    def _put(self, tier: str, keys: list[ObjectKey],
-             payloads: Mapping[ObjectKey, torch.Tensor]) -> list[bool]:
+    def _put(self, tier: str, keys: list[ObjectKey], payloads: Mapping[ObjectKey, torch.Tensor],
+             metas: Mapping[ObjectKey, ObjectMeta]) -> list[bool]:
         t = self._tier(tier)
         items = [(k, p) for k in keys if (p := payloads.get(k, self._stash.get(k))) is not None]
         if t is None or len(items) != len(keys):
             out = [False] * len(keys)
         else:
+            ms = [metas.get(k) if k in payloads else self._stash_meta.get(k) for k in keys]
             try:
-                out = list(t.put(items))
+                out = list(_put_with(t, items, ms))
             except Exception:
                 log.exception("put to tier %s failed", tier)
                 t.remove(keys)
                 out = [False] * len(keys)
         for k, ok in zip(keys, out, strict=True):  # a taken object leaves the stash once stored
-            self._stash.pop(k, None)
+            if self._stash.pop(k, None) is not None:
+                self._relocations += 1
+            self._stash_meta.pop(k, None)
             src = self._taken_from.pop(k, None)
             if ok and src is not None:
                 self._count(k, src, tier)
@@ -163,10 +177,12 @@ class Executor:
             return False
         ok = False
         try:
+            meta = src.object_meta(op.key)
             data = src.get([op.key])[0]
-            ok = data is not None and bool(dst.put([(op.key, data)])[0])
+            ok = data is not None and bool(_put_with(dst, [(op.key, data)], [meta])[0])
         except Exception:
             log.exception("move %s -> %s failed", op.src, op.dst)
+        self._relocations += 1
         if op.src != self.shared:
             src.remove([op.key])  # moved, or failed: either way no stale copy stays behind
         if not ok and op.dst != self.shared:
@@ -180,12 +196,16 @@ class Executor:
         if t is None:
             return False
         try:
+            meta = t.object_meta(op.key)
             data = t.get([op.key])[0]
         except Exception:
             log.exception("take from tier %s failed", op.tier)
             data = None
         if data is not None:
+            if meta is not None:
+                self._stash_meta[op.key] = meta
             self._stash[op.key] = data  # before the remove: a concurrent read always finds it
+            self._relocations += 1
             self._taken_from[op.key] = op.tier
         if op.tier != self.shared:
             t.remove([op.key])  # the stash holds it until its put
@@ -216,28 +236,33 @@ class Executor:
         return [self._read_one(k, h) for k, h in zip(keys, hints, strict=True)]
 
     def _read_one(self, key: ObjectKey, hint: str | None) -> torch.Tensor | None:
-        # A lane may move the object while we look (tier to tier, or through the stash of
-        # a promotion): a pass that found it nowhere is retried while some tier or the
-        # stash still claims it, so a move in flight is never mistaken for a loss.
+        # A move can carry the object from a place not looked at yet to one already looked
+        # at (a take into the stash, a move to a tier earlier in the order): a miss while a
+        # move landed somewhere looks again (a few times: a lane cannot move it forever).
+        for _ in range(4):
+            seen = self._relocations
+            data = self._read_scan(key, hint)
+            if data is not None or self._relocations == seen:
+                return data
+        return None
+
+    def _read_scan(self, key: ObjectKey, hint: str | None) -> torch.Tensor | None:
+        staged = self._stash.get(key)  # mid-promotion: taken, not put back yet
+        if staged is not None:
+            return staged.to(self.device, copy=True)
         order = [hint] if hint in self.tiers else []
         order += [n for n in self.tiers if n != hint]
-        for _ in range(_READ_PASSES):
-            staged = self._stash.get(key)  # mid-promotion: taken, not put back yet
-            if staged is not None:
-                return staged.to(self.device, copy=True)
-            for name in order:
-                t = self.tiers[name]
-                try:
-                    if not t.contains([key])[0]:
-                        continue
-                    data = t.get([key], device=self.device)[0]
-                except Exception:
-                    log.exception("read from tier %s failed", name)
-                    data = None
-                if data is not None:
-                    return data
-            if self.holder(key) is None:
-                return None
+        for name in order:
+            t = self.tiers[name]
+            try:
+                if not t.contains([key])[0]:
+                    continue
+                data = t.get([key], device=self.device)[0]
+            except Exception:
+                log.exception("read from tier %s failed", name)
+                data = None
+            if data is not None:
+                return data
         return None
 
     def holder(self, key: ObjectKey) -> str | None:
@@ -254,3 +279,10 @@ class Executor:
             lane.shutdown(wait=True)
         for t in self.tiers.values():
             t.close()
+
+
+def _put_with(t: Tier, items: list[tuple[ObjectKey, torch.Tensor]],
+              metas: list[ObjectMeta | None]) -> list[bool]:
+    """``t.put(items, metas)``; without any metadata the plain ``t.put(items)``, so a tier
+    written before ``put`` took metadata keeps working."""
+    return t.put(items, metas) if any(m is not None for m in metas) else t.put(items)

@@ -8,6 +8,7 @@ contract every tier keeps is in ``tiers.tier``'s module docstring.
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import abstractmethod
 from collections import Counter, OrderedDict
@@ -15,8 +16,18 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.tier import Entry, Tier, TierStats, TierUnavailable, check_payload, nbytes_of
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+from tiers.tier import (
+    Entry,
+    Tier,
+    TierStats,
+    TierUnavailable,
+    check_metas,
+    check_payload,
+    nbytes_of,
+)
+
+log = logging.getLogger(__name__)
 
 
 class IndexedTier(Tier):
@@ -60,6 +71,13 @@ class IndexedTier(Tier):
     def _release(self, entry: Entry) -> None:
         """Free ``entry``'s storage (it is already out of the index; the index lock is held).
         Storage named by key must check ``self._key_busy(key)``: a newer object may own it."""
+
+    def _store_with_meta(self, key: ObjectKey, payload: torch.Tensor, token: object,
+                         meta: ObjectMeta | None) -> object | None:
+        """``_store`` for a put carrying ``meta``. A tier that persists metadata with the
+        bytes overrides this (and its ``_store`` calls it with None); by default the
+        metadata lives in the ``Entry`` only."""
+        return self._store(key, payload, token)
 
     def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
         """Reserve room for ``nbytes`` more of ``key.kind``; return a token for ``_store``
@@ -106,8 +124,10 @@ class IndexedTier(Tier):
             e = self._entry(key)
             return None if e is None else (e.shape, e.dtype, e.nbytes)
 
-    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
-        out = [self._put_one(k, t) for k, t in items]
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
+            metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
+        ms = check_metas(items, metas)
+        out = [self._put_one(k, t, m) for (k, t), m in zip(items, ms, strict=True)]
         if any(out):
             self._after_batch()
         return out
@@ -116,8 +136,12 @@ class IndexedTier(Tier):
         """Runs once after a ``put`` batch stored anything, before ``put`` returns (e.g. one
         directory fsync for the whole batch)."""
 
-    def _put_one(self, key: ObjectKey, payload: torch.Tensor) -> bool:
-        if check_payload(payload) is not None:
+    def _put_one(self, key: ObjectKey, payload: torch.Tensor, meta: ObjectMeta | None = None
+                 ) -> bool:
+        why = meta.check_key(key) if meta is not None else None
+        if why is not None:
+            log.warning("tier %s: metadata does not fit %s: %s", self.name, key.to_str(), why)
+        if why is not None or check_payload(payload) is not None:
             self._stats.put_failures += 1
             return False
         n = nbytes_of(payload)
@@ -134,7 +158,7 @@ class IndexedTier(Tier):
             self._inflight[key] += 1
         handle = None
         try:
-            handle = self._store(key, payload, token)
+            handle = self._store_with_meta(key, payload, token, meta)
         finally:
             if handle is None:
                 with self._lock:
@@ -144,7 +168,7 @@ class IndexedTier(Tier):
                     self._stats.put_failures += 1
         if handle is None:
             return False
-        entry = Entry(key, n, tuple(payload.shape), payload.dtype, handle)
+        entry = Entry(key, n, tuple(payload.shape), payload.dtype, handle, meta=meta)
         with self._lock:
             old = self._lru[key.kind].pop(key, None)
             self._lru[key.kind][key] = entry
@@ -278,6 +302,16 @@ class IndexedTier(Tier):
         with self._lock:
             e = self._entry(key)
             return 0 if e is None else e.pins
+
+    def object_meta(self, key: ObjectKey) -> ObjectMeta | None:
+        with self._lock:
+            e = self._entry(key)
+            return None if e is None else e.meta
+
+    def inventory(self) -> list[tuple[ObjectKey, int, ObjectMeta | None]]:
+        with self._lock:
+            return [(e.key, e.nbytes, e.meta) for k in ObjectKind
+                    for e in self._lru[k].values() if not e.doomed]
 
     def stats(self) -> TierStats:
         with self._lock:

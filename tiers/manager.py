@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from hybrid_connector.config import HybridConfig
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
 from tiers.backend import Backend, spec_of
 from tiers.copy_engine import CopyEngine, LayerTransfer
 from tiers.executor import Executor
@@ -34,7 +34,7 @@ from tiers.ledger import Placement, TierSpec
 from tiers.loads import LoadHandle, Miss
 from tiers.ops import Move, Op, Put
 from tiers.store import ObjectStore
-from tiers.tier import Tier, TierStats, check_payload, nbytes_of
+from tiers.tier import Tier, TierStats, check_metas, check_payload, nbytes_of
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +146,10 @@ class TierManager(Backend, ObjectStore):
         raise KeyError(f"no tier named {name!r}; tiers: {[t.name for t in self.tiers]}")
 
     # ------------------------------------------------------------------ ops
-    def _run(self, ops: Sequence[Op], payloads: dict[ObjectKey, torch.Tensor] | None = None
-             ) -> list[bool]:
+    def _run(self, ops: Sequence[Op], payloads: dict[ObjectKey, torch.Tensor] | None = None,
+             metas: dict[ObjectKey, ObjectMeta] | None = None) -> list[bool]:
         """Run ops and wait. Call without the lock (the lanes take none)."""
-        return self.executor.submit(ops, payloads or {}).result() if ops else []
+        return self.executor.submit(ops, payloads or {}, metas=metas).result() if ops else []
 
     def _settle(self, ops: Sequence[Op], results: Sequence[bool],
                 own: ObjectKey | None = None) -> list[ObjectKey]:
@@ -189,12 +189,19 @@ class TierManager(Backend, ObjectStore):
         return [*placement.ops, *self._drops(dropped)], dropped
 
     # ------------------------------------------------------------------ writes
-    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
+            metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
+        """``ObjectStore.put``; ``metas`` (None, or one ``ObjectMeta`` or None per item,
+        ValueError otherwise) travel with the objects through every tier they move to
+        (``Tier.put``). An item whose metadata cannot describe its key is not stored."""
         out: list[bool] = []
-        for key, payload in items:
+        for (key, payload), meta in zip(items, check_metas(items, metas), strict=True):
             if not isinstance(key, ObjectKey):
                 raise TypeError(f"key must be an ObjectKey, got {type(key).__name__}")
-            out.append(self._valid(payload) and self._put_one(key, payload))
+            why = None if meta is None else meta.check_key(key)
+            if why is not None:
+                log.warning("metadata does not fit %s: %s", key.to_str(), why)
+            out.append(self._valid(payload) and why is None and self._put_one(key, payload, meta))
             if not out[-1]:
                 self.mstats.put_failures += 1
         return out
@@ -204,12 +211,13 @@ class TierManager(Backend, ObjectStore):
         """Can the tiers store this payload (contiguous and dense)?"""
         return check_payload(payload) is None
 
-    def _put_one(self, key: ObjectKey, payload: torch.Tensor) -> bool:
+    def _put_one(self, key: ObjectKey, payload: torch.Tensor, meta: ObjectMeta | None = None
+                 ) -> bool:
         with self.lock:
             old = self.ledger.remove(key)  # overwrite: the old copy goes first
             placement = self.ledger.place(key, nbytes_of(payload))
             ops, dropped = self._apply(placement)
-        results = self._run([*old, *ops], {key: payload})
+        results = self._run([*old, *ops], {key: payload}, {key: meta} if meta else None)
         results = results[len(old):]
         with self.lock:
             for op, res in zip(ops, results, strict=True):

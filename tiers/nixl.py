@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
 from tiers import codec
 from tiers.nvme import NvmeTier, _write_all
 from tiers.tier import Entry
@@ -81,12 +81,13 @@ class NixlNvmeTier(NvmeTier):
             self._agent.deregister_memory(files)
             self._agent.deregister_memory(mem)
 
-    def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
+    def _store_with_meta(self, key: ObjectKey, payload: torch.Tensor, token: object,
+                         meta: ObjectMeta | None) -> object | None:
         final = self._file(key)
         tmp = self.path / f".{final.name}.{os.getpid()}.nixl{next(self._seq)}.tmp"
         src = payload.detach().cpu().contiguous()
         head = codec.encode_header(key, src, src.numel() * src.element_size(), "raw",
-                                   codec.checksum(codec.raw_bytes(src).data))
+                                   codec.checksum(codec.raw_bytes(src).data), meta)
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             try:

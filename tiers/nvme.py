@@ -5,10 +5,12 @@ renamed over the final name (the directory is fsynced once per ``put`` batch, be
 ``put`` returns), so a reader or a restart sees
 either the complete old file, the complete new file, or nothing, whatever point a crash
 hits. Every file carries a ``tiers.codec`` header (key, kind, shape, dtype, length,
-checksum); reads verify the key, sizes and checksum, and a file that fails is deleted and
-reported as a miss. At start the index is rebuilt from the directory: temporary files are
-deleted, files with a bad or inconsistent header (or a wrong name) are dropped, and if
-the budget shrank the oldest files go first. Only regular files are ever read: a symlink,
+checksum) and, when the put carried one, the object's ``ObjectMeta`` (written in the same
+``writev``, checked by a CRC the header holds); reads verify the key, sizes and checksum,
+and a file that fails is deleted and reported as a miss. At start the index is rebuilt
+from the directory, metadata included (``inventory``): temporary files are deleted, files
+with a bad or inconsistent header or metadata (or a wrong name) are dropped, and if the
+budget shrank the oldest files go first. Only regular files are ever read: a symlink,
 FIFO, device or directory under an object name is refused without a blocking open (so it
 cannot hang start-up or a read) and dropped like a corrupt file. ``remove`` deletes the
 file at once; where the filesystem refuses, see ``NvmeTier.remove`` (a tombstone keeps
@@ -23,7 +25,8 @@ The directory belongs to one tier instance at a time (a second instance starting
 would delete the first one's in-flight temporary files as debris of a crash).
 
 Optional zstd per kind (``zstd={ObjectKind.STATE: 3}``). Budgets count payload bytes (as
-every tier does); each file adds one header (< 1 KiB) on disk. Reads use plain
+every tier does); each file adds one header (< 1 KiB) and its metadata, if any (1.3 KiB
+for a 256-token KV chunk, see benchmarks/restart.py), on disk. Reads use plain
 ``readinto`` into the caller's buffer: on page-cache-backed files this is a single copy,
 and O_DIRECT would need aligned bounce buffers that cost more than they save here.
 """
@@ -41,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
 from tiers import codec
 from tiers.fileio import open_regular as _open_regular
 from tiers.fileio import read_exact as _read_exact
@@ -141,35 +144,44 @@ class NvmeTier(IndexedTier):
         fd, st = _open_regular(p)
         try:
             h, hend, head = self._read_head(fd)
-            self._check_size(fd, h, hend)
-            body_head = head[hend : hend + codec.ZSTD_FRAME_HEADER_MAX]
+            off = hend + h.meta_len  # the body's offset
+            self._check_size(fd, h, off)  # so the file bounds meta_len before it is read
+            body_head = head[off : off + codec.ZSTD_FRAME_HEADER_MAX]
             if len(body_head) < min(codec.ZSTD_FRAME_HEADER_MAX, h.stored):  # a long header
-                body_head = os.pread(fd, codec.ZSTD_FRAME_HEADER_MAX, hend)
+                body_head = os.pread(fd, codec.ZSTD_FRAME_HEADER_MAX, off)
             codec.check_frame(h, body_head)
             key = ObjectKey.from_str(h.key)
             if key.digest() != p.name or key.kind.value != h.kind:
                 raise codec.CorruptObject("file name or kind does not match its key")
+            mbytes: codec.Buf = head[hend:off]
+            if len(mbytes) < h.meta_len:  # metadata longer than the first read
+                mbytes = bytearray(h.meta_len)
+                _read_exact(fd, memoryview(mbytes), hend)
+            meta = codec.decode_meta(h, mbytes, key)
             if verify:
                 out = torch.empty(h.shape, dtype=h.torch_dtype)
                 body = bytearray(h.stored)
-                _read_exact(fd, memoryview(body), hend)
+                _read_exact(fd, memoryview(body), off)
                 codec.decode_into(h, body, out)
         except ValueError as exc:
             raise codec.CorruptObject(str(exc)) from exc
         finally:
             os.close(fd)
-        return st.st_mtime, Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p))
+        return st.st_mtime, Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p),
+                                  meta=meta)
 
     @staticmethod
     def _read_header(fd: int) -> tuple[codec.Header, int]:
-        """(validated header, offset of the body); CorruptObject if malformed."""
+        """(validated header, offset of the body, after any metadata); CorruptObject if
+        malformed. The metadata is not read."""
         h, hend, _ = NvmeTier._read_head(fd)
-        return h, hend
+        return h, hend + h.meta_len
 
     @staticmethod
     def _read_head(fd: int) -> tuple[codec.Header, int, bytes]:
         # One read covers prefix and header in the common case (headers are ~300 bytes);
-        # the bytes read are returned too (they usually hold the body's first bytes).
+        # the bytes read are returned too (they usually hold the metadata and the body's
+        # first bytes). The offset returned is the header's end.
         head = os.pread(fd, _HEAD_READ, 0)
         hlen, hcrc = codec.decode_prefix(head)
         hend = codec.PREFIX.size + hlen
@@ -180,12 +192,13 @@ class NvmeTier(IndexedTier):
         return codec.decode_header(head[codec.PREFIX.size : hend], hcrc), hend, head
 
     @staticmethod
-    def _check_size(fd: int, h: codec.Header, hend: int) -> None:
-        """The file must be exactly header + ``stored`` bytes: every size the header claims
-        is then bounded by the file before anything is allocated from it."""
+    def _check_size(fd: int, h: codec.Header, off: int) -> None:
+        """The file must be exactly header + metadata (``off``: the body's offset) +
+        ``stored`` bytes: every size the header claims is then bounded by the file before
+        anything is allocated from it."""
         size = os.fstat(fd).st_size
-        if size != hend + h.stored:
-            raise codec.CorruptObject(f"size {size} != {hend + h.stored}")
+        if size != off + h.stored:
+            raise codec.CorruptObject(f"size {size} != {off + h.stored}")
 
     # ------------------------------------------------------------------ storage
     def _file(self, key: ObjectKey) -> Path:
@@ -280,10 +293,14 @@ class NvmeTier(IndexedTier):
         return same
 
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
+        return self._store_with_meta(key, payload, token, None)
+
+    def _store_with_meta(self, key: ObjectKey, payload: torch.Tensor, token: object,
+                         meta: ObjectMeta | None) -> object | None:
         final = self._file(key)
         tmp = self.path / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}{_TMP_SUFFIX}"
-        try:
-            head, body = codec.encode(key, payload, self.zstd.get(key.kind))
+        try:  # header and metadata go out in the head, one writev with the body
+            head, body = codec.encode(key, payload, self.zstd.get(key.kind), meta)
         except Exception as exc:  # e.g. MemoryError compressing: a failed put, not a crash
             self._warn.warn("encode", "nvme tier %s: cannot encode: %s", self.name, exc)
             return None

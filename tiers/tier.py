@@ -18,6 +18,9 @@ Contract shared by every tier:
 * ``pin`` keeps an object from appearing in ``lru`` (so it is never chosen for demotion or
   eviction); pins nest. ``remove`` of a pinned object hides it at once, and its storage is
   reclaimed at the last ``unpin`` (so an in-flight read stays valid).
+* A put may carry each object's ``ObjectMeta`` (what an index needs to re-link it after
+  a restart); the tier keeps it with the object (``object_meta``, ``inventory``), a
+  persistent tier stores it with the bytes, and a move hands it on.
 * Thread safe. ``close`` releases resources; the tier must not be used afterwards.
 
 ``IndexedTier`` (the shared index, LRU, pin and deferred-free bookkeeping that the concrete
@@ -27,6 +30,7 @@ tiers build on) lives in ``tiers.indexed``.
 from __future__ import annotations
 
 import ctypes
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
@@ -34,7 +38,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+
+log = logging.getLogger(__name__)
 
 
 def nbytes_of(t: torch.Tensor) -> int:
@@ -76,6 +82,20 @@ def check_payload(t: object) -> str | None:
     return None
 
 
+def check_metas(items: Sequence[object], metas: Sequence[ObjectMeta | None] | None
+                ) -> Sequence[ObjectMeta | None]:
+    """``metas`` aligned with ``items`` (all None when ``metas`` is None); ValueError when
+    the lengths differ or an element is neither an ``ObjectMeta`` nor None."""
+    if metas is None:
+        return [None] * len(items)
+    if len(metas) != len(items):
+        raise ValueError(f"{len(items)} items but {len(metas)} metas")
+    for m in metas:
+        if m is not None and not isinstance(m, ObjectMeta):
+            raise ValueError(f"meta must be an ObjectMeta or None, got {type(m).__name__}")
+    return metas
+
+
 class TierUnavailable(Exception):
     """A tier could not serve a read for a passing reason (remote down, timeout)."""
 
@@ -91,6 +111,7 @@ class Entry:
     handle: object = None  # tier-specific location (slab offset, file name, remote name)
     pins: int = 0
     doomed: bool = False  # removed while pinned: reclaim at the last unpin
+    meta: ObjectMeta | None = None  # what the put carried (a persistent tier: the file)
 
 
 @dataclass(slots=True)
@@ -139,9 +160,13 @@ class Tier(ABC):
         caller must ``unpin`` it). A removed-while-pinned object is not contained."""
 
     @abstractmethod
-    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
+            metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
         """Store copies; element i False when item i was not stored (no room in its pool,
-        bad payload, I/O failure), in which case any old object under that key survives."""
+        bad payload, metadata that cannot describe its key, I/O failure), in which case
+        any old object under that key survives. ``metas``: None, or one ``ObjectMeta`` or
+        None per item (ValueError if the lengths differ or an element is neither), kept
+        with the object; an overwrite replaces the old object's metadata too."""
 
     @abstractmethod
     def get_into(self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]) -> list[bool]:
@@ -181,6 +206,24 @@ class Tier(ABC):
     @abstractmethod
     def stats(self) -> TierStats:
         """A snapshot of the counters."""
+
+    def object_meta(self, key: ObjectKey) -> ObjectMeta | None:
+        """The ``ObjectMeta`` the held object ``key`` carries (None: absent, or stored
+        without one). No side effects. The default tier keeps none."""
+        return None
+
+    def inventory(self) -> list[tuple[ObjectKey, int, ObjectMeta | None]]:
+        """``(key, nbytes, meta)`` of every held object, kind by kind (``ObjectKind``
+        order), each kind least recently used first (a persistent tier after a restart:
+        oldest file first); a snapshot, pinned objects included. What an index rebuilds
+        itself from at a warm restart."""
+        out: list[tuple[ObjectKey, int, ObjectMeta | None]] = []
+        held = self.held_keys()
+        for kind in ObjectKind:
+            for k in held:
+                if k.kind is kind and (m := self.meta(k)) is not None:
+                    out.append((k, m[2], self.object_meta(k)))
+        return out
 
     def fits(self, kind: ObjectKind, nbytes: int) -> bool:
         """Whether a put of ``nbytes`` of ``kind`` would find room now (no side effects)."""

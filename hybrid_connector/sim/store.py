@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_connector.config import TIERS, HybridConfig
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
 from tiers.ledger import TierSpec
 from tiers.manager import TierManager
 from tiers.tier import Tier, TierStats
@@ -84,8 +84,9 @@ class SizeOnlyTier(Tier):
     def contains(self, keys: Sequence[ObjectKey], pin: bool = False) -> list[bool]:
         return [k in self._sizes for k in keys]
 
-    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]]) -> list[bool]:
-        for key, payload in items:
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
+            metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
+        for key, payload in items:  # sizes only: metadata is not kept
             n = payload.numel() * payload.element_size()
             self._used[key.kind] += n - self._sizes.get(key, 0)
             self._sizes[key] = n

@@ -108,7 +108,7 @@ def eviction_microbench(n_sessions: int = 60) -> dict[str, float]:
     for r in recs:
         sim.step(r["input_tokens"], r["output_tokens"])
     ref = FullWalkMarconi(alpha=1.0)
-    ref.bind(sim.cache.tree, geo, sim.cache._evictable)
+    ref.bind(sim.cache.tree, geo, sim.cache.index.reclaim.evictable)
     ref._now = inc._now
     out: dict[str, float] = {"nodes": float(len(sim.cache.tree))}
     for kind in (ObjectKind.KV, ObjectKind.STATE):

@@ -175,8 +175,8 @@ def remote_ops(url: str, items: list[tuple[ObjectKey, torch.Tensor]]) -> Ops:
                 lm.exists(n)  # a round trip: the server does not answer a PUT
 
         def get() -> None:
-            for n in names:
-                lm.get(n)
+            for n, b in zip(names, blobs, strict=True):
+                lm.get(n, len(b))
         client = lm
     else:
         rc = RedisClient(url, timeout=30)
@@ -187,8 +187,8 @@ def remote_ops(url: str, items: list[tuple[ObjectKey, torch.Tensor]]) -> Ops:
                 rc.put(n, b)
 
         def get() -> None:
-            for n in names:
-                rc.get(n)
+            for n, b in zip(names, blobs, strict=True):
+                rc.get(n, len(b))
         client = rc
     put()
     return Ops(put, get, close=client.close)

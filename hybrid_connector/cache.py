@@ -66,6 +66,9 @@ class HybridCache:
         self.store = store
         self.executor: Executor = store.executor
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hc-load")
+        # Warm restart: what the tiers still hold re-links from its metadata.
+        self.rebuilt = self.index.rebuild(
+            (k, n, m) for t in self.executor.tiers.values() for k, n, m in t.inventory())
 
     # ---------------------------------------------------------------- views
     @property
@@ -234,7 +237,8 @@ class HybridCache:
             except BaseException as exc:  # pragma: no cover - the executor never raises
                 out.set_exception(exc)
 
-        self.executor.submit(ticket.ops, payloads, done=lane_done).add_done_callback(all_done)
+        self.executor.submit(ticket.ops, payloads, done=lane_done,
+                             metas=ticket.metas).add_done_callback(all_done)
         return out
 
     def _run_drained(self) -> None:

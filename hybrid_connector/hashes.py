@@ -16,19 +16,12 @@ Both are cheap to query: O(1) at block ends, O(block) for a position inside a bl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 
-from hybrid_connector.keys import ROOT_HASH, _h, as_tokens
+from hybrid_connector.keys import ROOT_HASH, HasherLike, _h, as_tokens
 
-
-class Hashes(Protocol):
-    """What a save needs from prefix hashes (``keys.PrefixHasher`` is one too)."""
-
-    block_size: int
-
-    def at(self, end: int) -> bytes: ...
+Hashes = HasherLike  # what a save needs from prefix hashes (``keys.PrefixHasher`` too)
 
 
 class ChainHasher:
@@ -119,3 +112,23 @@ class EngineHashes:
         if end > self.tokens.size:
             raise ValueError(f"prefix end {end} past the {self.tokens.size} tokens given")
         return _h(prev + b"\x01", self.tokens[nfull * self.block_size : end])
+
+
+def continue_hashes(prev: bytes, offset: int, tokens: Sequence[int] | np.ndarray,
+                    block_size: int) -> list[tuple[int, bytes]]:
+    """The chain continued from ``prev`` (the hash of a prefix of ``offset`` tokens,
+    ``offset`` a multiple of ``block_size``) over ``tokens``: ``(position, hash)`` at every
+    block end after ``offset`` and at the end (a partial tail hashed as ``PrefixHasher``
+    does). Lets a warm restart check that an object's metadata really yields its key."""
+    if offset % block_size:
+        raise ValueError(f"offset {offset} is not a multiple of the block size {block_size}")
+    arr = as_tokens(tokens)
+    out: list[tuple[int, bytes]] = []
+    h = prev
+    full = arr.size - arr.size % block_size
+    for s in range(0, full, block_size):
+        h = _h(h, arr[s : s + block_size])
+        out.append((offset + s + block_size, h))
+    if full < arr.size:
+        out.append((offset + int(arr.size), _h(h + b"\x01", arr[full:])))
+    return out

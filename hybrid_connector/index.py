@@ -26,7 +26,7 @@ Thread safety: one re-entrant lock per index; the backend's lock is taken inside
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -34,12 +34,13 @@ from hybrid_connector.config import HybridConfig
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.hit import Hit, Usable, find_hit, kv_chain
 from hybrid_connector.index_core import IndexCore, Lease, Policies
-from hybrid_connector.keys import ObjectKey, as_tokens
+from hybrid_connector.keys import ObjectKey, ObjectMeta, as_tokens
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.policies.admission import branch_point
 from hybrid_connector.policies.base import SavePlan
 from hybrid_connector.radix import IntegrityError, MatchResult, Node, ObjectRef
+from hybrid_connector.rebuild import Rebuilt, relink
 from hybrid_connector.reclaim import Reclaimer
 from hybrid_connector.saving import Saver, SaveTicket
 from tiers.backend import Backend
@@ -272,6 +273,15 @@ class CacheIndex(IndexCore):
     def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
         """See ``Saver.finish``."""
         self.saver.finish(tokens, prompt_len)
+
+    # ---------------------------------------------------------------- restart
+    def rebuild(self, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None]],
+                verify: bool = True) -> Rebuilt:
+        """Re-link objects the tiers hold (``(key, nbytes, meta)``, e.g. every tier's
+        ``inventory()``; in a scheduler process, what the workers report) into the index:
+        see ``hybrid_connector.rebuild``. What does not link stays an orphan (reclaimed
+        first). ``verify``: check the chains against this project's own blake3 keys."""
+        return relink(self, items, verify)
 
     # ---------------------------------------------------------------- callbacks
     def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:

@@ -16,7 +16,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 import blake3
 import numpy as np
@@ -70,6 +70,15 @@ def chain_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[by
         prev = _h(prev, arr[start : start + block_size])
         out.append(prev)
     return out
+
+
+class HasherLike(Protocol):
+    """What keys a save: prefix hashes at any end (``PrefixHasher``, ``hashes.ChainHasher``,
+    ``hashes.EngineHashes``)."""
+
+    block_size: int
+
+    def at(self, end: int) -> bytes: ...
 
 
 class PrefixHasher:
@@ -284,12 +293,12 @@ class ObjectMeta:
     # ------------------------------------------------------------------ building
     @classmethod
     def for_range(cls, tokens: Sequence[int] | np.ndarray | None, start: int, end: int,
-                  kind: ObjectKind, hasher: PrefixHasher) -> ObjectMeta:
+                  kind: ObjectKind, hasher: HasherLike) -> ObjectMeta:
         """The metadata of the object of ``kind`` covering ``[start, end)`` of a sequence
         whose prefix hashes ``hasher`` gives (``tokens``: that sequence, or None to take
         ``hasher.tokens``). A state needs ``start == end``. Uses only ``hasher.at`` and
         ``hasher.block_size``. ValueError for a range outside the sequence."""
-        seq = as_tokens(hasher.tokens if tokens is None else tokens)
+        seq = as_tokens(getattr(hasher, "tokens", ()) if tokens is None else tokens)
         if not 0 <= start <= end <= seq.size:
             raise ValueError(f"meta range [{start}, {end}) outside [0, {seq.size}]")
         bs = hasher.block_size

@@ -165,6 +165,29 @@ class RadixTree:
             node = leaf
         return node
 
+    def extend(self, node: Node, tail: Sequence[int] | np.ndarray) -> Node:
+        """``insert`` of ``path(node) + tail`` given only the tail (``node`` live): the
+        caller never materialises the prefix. Returns the node ending there."""
+        arr = as_tokens(tail)
+        base, cur, i = node.depth, node, 0
+        while i < arr.size:
+            child = cur.children.get(int(arr[i]))
+            if child is None:
+                break
+            edge = child.tokens
+            n = min(edge.size, arr.size - i)
+            same = edge[:n] == arr[i : i + n]
+            k = n if bool(same.all()) else int(np.argmin(same))
+            if k < edge.size:
+                cur, i = self.split(child, base + i + k), i + k
+                break
+            cur, i = child, i + k
+        if i < arr.size:
+            leaf = self._new_node(cur, arr[i:].copy(), base + int(arr.size))
+            cur.children[int(arr[i])] = leaf
+            cur = leaf
+        return cur
+
     def node_at(self, tokens: Sequence[int] | np.ndarray, end: int) -> Node:
         """The node whose edge contains position ``end`` of ``tokens`` (must be in the tree).
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hybrid_connector.index import CacheIndex
-from hybrid_connector.keys import ObjectKey
+from hybrid_connector.keys import ObjectKey, ObjectMeta
 from hybrid_connector.plan import LoadPlan
 from hybrid_connector.saving import SaveTicket
 from tiers.executor import Executor
@@ -38,6 +38,7 @@ class OpBatch:
 
     ticket: int
     ops: tuple[Op, ...]
+    metas: Mapping[ObjectKey, ObjectMeta] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class RankWorker:
         def done(indices: list[int], results: list[bool]) -> None:
             send(OpReport(batch.ticket, self.rank, tuple(indices), tuple(results)))
 
-        self.executor.submit(batch.ops, payloads, done=done)
+        self.executor.submit(batch.ops, payloads, done=done, metas=batch.metas)
 
     def load(self, plan_id: int, keys: Sequence[ObjectKey], tiers: Sequence[str | None],
              sizes: Sequence[int]) -> tuple[list[torch.Tensor | None], LoadReport]:
@@ -116,7 +117,7 @@ class RankGather:
         """Register a save ticket; returns the batch to send to every rank."""
         with self._lock:
             self._tickets[ticket.id] = ticket
-        return OpBatch(ticket.id, ticket.ops)
+        return OpBatch(ticket.id, ticket.ops, ticket.metas)
 
     def drained(self) -> OpBatch | None:
         """The ops the index left (evictions, promotions, removals of failed shards) as a

@@ -20,7 +20,7 @@ import numpy as np
 
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.index_core import IndexCore
-from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens
+from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta, PrefixHasher, as_tokens
 from hybrid_connector.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.policies.anchors import anchor_block_bytes
 from hybrid_connector.radix import Node, ObjectRef
@@ -42,6 +42,7 @@ class SaveTicket:
     evicted_bytes: int
     puts: Mapping[int, tuple[ObjectKey, bool]] = field(default_factory=dict)
     leaf: tuple[int, int] = (0, 0)  # (node id, depth) the save ended at: the next one's start
+    metas: Mapping[ObjectKey, ObjectMeta] = field(default_factory=dict)  # travels with puts
 
 
 class Saver:
@@ -109,6 +110,7 @@ class Saver:
         hasher: Hashes = hashes if hashes is not None else PrefixHasher(arr, ix.config.hash_block_size)
         order = sorted(range(len(specs)), key=lambda i: (specs[i].end, specs[i].kind.value))
         keys: list[ObjectKey | None] = [None] * len(specs)
+        metas: dict[ObjectKey, ObjectMeta] = {}
         refused: list[Rejection] = []
         puts: dict[int, tuple[ObjectKey, bool]] = {}
         present = evicted = 0
@@ -152,6 +154,8 @@ class Saver:
                         continue
                     batch.add(key)
                     keys[i] = key
+                    # what a warm restart re-links it from (its tokens, its chain hashes)
+                    metas[key] = ObjectMeta.for_range(arr, sp.start, sp.end, sp.kind, hasher)
             finally:
                 ix.tree.lock_kv(leaf, -1)
             for r in refused:
@@ -163,7 +167,7 @@ class Saver:
             ix.outbox = []
         ix.deliver_foreign_drops()
         return SaveTicket(tid, ops, tuple(keys), present, tuple(refused), evicted, puts,
-                          (survivor.id, survivor.depth))
+                          (survivor.id, survivor.depth), metas)
 
     def _place(self, leaf: Node, key: ObjectKey, nbytes: int,
                puts: dict[int, tuple[ObjectKey, bool]]) -> bool:

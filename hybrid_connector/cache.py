@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from hybrid_connector.config import HybridConfig
+from hybrid_connector.discovery import Found
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.index import CacheIndex
 from hybrid_connector.index_core import CacheStats, Lease, Policies, check_alignment
@@ -66,6 +67,9 @@ class HybridCache:
         self.store = store
         self.executor: Executor = store.executor
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hc-load")
+        shared = store.ledger.shared_tier
+        if shared is not None:
+            self.index.shared_view = self.executor.tiers[shared]  # type: ignore[assignment]
         # Warm restart: what the tiers still hold re-links from its metadata.
         self.rebuilt = self.index.rebuild(
             (k, n, m) for t in self.executor.tiers.values() for k, n, m in t.inventory())
@@ -117,6 +121,11 @@ class HybridCache:
                   alignment: int | None = None) -> LoadPlan:
         """See ``CacheIndex.lookup_at``."""
         return self.index.lookup_at(tokens, p, alignment)
+
+    def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,
+                 alignment: int | None = None) -> Found:
+        """See ``CacheIndex.discover``."""
+        return self.index.discover(tokens, hashes, alignment=alignment)
 
     def record_lookup(self, plan: LoadPlan) -> None:
         self.index.record_lookup(plan)

@@ -11,7 +11,7 @@ LMCache meaning), bytes everywhere else; a size must be finite, >= 0 and at most
 
 Every accepted key is honoured or rejected: keys of a tier that is not configured, the
 LMCache keys this version does not implement yet (``save_decode_cache``,
-``use_layerwise``, ``lookup_timeout_ms``: only their defaults load) and contradictions
+``use_layerwise``: only their defaults load) and contradictions
 (``local_cpu: false`` with ``pools.host``) are errors. ``extra_config`` is a free mapping
 for integrations; nothing in the core or the tiers reads it.
 """
@@ -99,7 +99,7 @@ def _zstd_spec(value: object) -> object:
 
 
 # LMCache keys nothing honours yet (the vLLM connector will): only their defaults load.
-NOT_HONOURED = ("save_decode_cache", "use_layerwise", "lookup_timeout_ms")
+NOT_HONOURED = ("save_decode_cache", "use_layerwise")
 # Tier keys that used to be read from ``extra_config``; moved to typed top-level keys.
 LEGACY_EXTRA = ("disk_zstd", "disk_fsync", "disk_verify_reads", "remote_timeout_s")
 
@@ -172,7 +172,9 @@ class HybridConfig(_Strict):
     replay_max_tokens: int = Field(2048, gt=0)
     replay_max_kl: float = Field(0.05, ge=0.0)
     replay_min_top1: float = Field(0.9, ge=0.0, le=1.0)
-    lookup_timeout_ms: int = 3000  # LMCache key, not honoured yet (see NOT_HONOURED)
+    # LMCache key: the deadline of a lookup's remote part (discovering what other
+    # instances stored on the shared tier)
+    lookup_timeout_ms: int = Field(3000, gt=0, le=600_000)
     # --- tier options (only with that tier configured) ---
     # NVMe: kinds to compress, a list (level 3) or {kind: level 1-22}.
     disk_zstd: Annotated[

@@ -31,10 +31,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from hybrid_connector.config import HybridConfig
+from hybrid_connector.discovery import Found, SharedView, discover
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.hit import Hit, Usable, find_hit, kv_chain
 from hybrid_connector.index_core import IndexCore, Lease, Policies
-from hybrid_connector.keys import ObjectKey, ObjectMeta, as_tokens
+from hybrid_connector.keys import ObjectKey, ObjectMeta, PrefixHasher, as_tokens
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.policies.admission import branch_point
@@ -63,6 +64,7 @@ class CacheIndex(IndexCore):
         super().__init__(config, geometry, backend, policies, layout, model_id)
         self.reclaim = Reclaimer(self)
         self.saver = Saver(self, self.reclaim)
+        self.shared_view: SharedView | None = None  # the shared tier, for ``discover``
         self.eviction.bind(self.tree, geometry, self.reclaim.evictable)
         backend.attach(self.fingerprint, StoreHooks(
             self._on_store_drop, self._merits_demotion, self._anchors_of_chunk))
@@ -273,6 +275,23 @@ class CacheIndex(IndexCore):
     def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
         """See ``Saver.finish``."""
         self.saver.finish(tokens, prompt_len)
+
+    # ---------------------------------------------------------------- sharing
+    def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,
+                 deadline_s: float | None = None, alignment: int | None = None) -> Found:
+        """Index what other instances stored on the shared tier for ``tokens`` (see
+        ``hybrid_connector.discovery``; no shared tier: nothing). ``hashes``: the prompt's
+        prefix hashes (computed when None); ``deadline_s`` defaults to the config's
+        ``lookup_timeout_ms``. Never raises for the tier's failures."""
+        if self.shared_view is None:
+            return Found()
+        arr = as_tokens(tokens)
+        hasher = hashes if hashes is not None else PrefixHasher(arr, self.config.hash_block_size)
+        limit = self.config.lookup_timeout_ms / 1e3 if deadline_s is None else deadline_s
+        found = discover(self, self.reclaim, self.shared_view, arr, hasher, limit,
+                         self._alignment(alignment))
+        self.deliver_foreign_drops()
+        return found
 
     # ---------------------------------------------------------------- restart
     def rebuild(self, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None]],

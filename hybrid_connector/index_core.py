@@ -150,3 +150,28 @@ class IndexCore:
     def _on_move(self, node: Node, refs: Iterable[ObjectRef]) -> None:
         for r in refs:
             self.where[r.key] = node.id
+
+    def attach_ready(self, node: Node, key: ObjectKey, nbytes: int) -> None:
+        """Index an object that is already stored (a warm restart, another instance's on
+        the shared tier) at ``node``, whose edge holds its end (a state: ends there)."""
+        ref = ObjectRef(key, nbytes)
+        if key.kind is ObjectKind.KV:
+            self.tree.add_kv(node, ref)
+            self.max_kv_len = max(self.max_kv_len, key.end - key.start)
+        elif key.kind is ObjectKind.STATE:
+            self.tree.set_state(node, ref)
+        else:
+            self.tree.add_anchor(node, ref)
+        self.where[key] = node.id
+        self.eviction.on_change(node)
+
+    def node_ending_at(self, tokens: np.ndarray, pos: int) -> Node:
+        """A node ending exactly at ``pos`` of ``tokens`` (split off when ``pos`` falls
+        inside an edge); ``tokens[:pos]`` must be in the tree."""
+        m = self.tree.match(tokens[:pos])
+        if m.length < pos:
+            raise KeyError(f"prefix of {pos} tokens is not in the tree")
+        holder = m.partial if m.partial is not None else m.node
+        if holder is not self.tree.root and holder.depth != pos:
+            holder = self.tree.split(holder, pos)
+        return holder

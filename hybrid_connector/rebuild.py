@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from hybrid_connector.hashes import continue_hashes
 from hybrid_connector.index_core import IndexCore
 from hybrid_connector.keys import ROOT_HASH, ObjectKey, ObjectKind, ObjectMeta
-from hybrid_connector.radix import Node, ObjectRef
+from hybrid_connector.radix import Node
 
 Item = tuple[ObjectKey, int, ObjectMeta | None]
 
@@ -67,7 +67,7 @@ def relink(ix: IndexCore, items: Iterable[Item], verify: bool = True) -> Rebuilt
                     left.append(key)
                     continue
                 leaf = ix.tree.extend(_end_node(ix, node, depth), meta.tokens)
-                _attach(ix, leaf, key, n)
+                ix.attach_ready(leaf, key, n)
                 done[ObjectKind.KV] += 1
                 for pos, h in hashes:  # a later chunk may start at any of these positions
                     if h not in known:
@@ -84,7 +84,7 @@ def relink(ix: IndexCore, items: Iterable[Item], verify: bool = True) -> Rebuilt
             if key.kind is ObjectKind.ANCHOR and (holder.start >= key.end or holder.depth < key.end):
                 left.append(key)
                 continue
-            _attach(ix, holder, key, n)
+            ix.attach_ready(holder, key, n)
             done[key.kind] += 1
         left += [k for group in chunks.values() for k, _, _ in group]
     return Rebuilt({k.value: v for k, v in done.items()}, tuple(left))
@@ -118,17 +118,3 @@ def _block_ends(start: int, end: int, bs: int) -> list[int]:
         return []
     first = start - start % bs + bs
     return list(range(first, end + 1, bs))
-
-
-def _attach(ix: IndexCore, node: Node, key: ObjectKey, nbytes: int) -> None:
-    """Index a ready object at ``node`` (whose edge holds its end)."""
-    ref = ObjectRef(key, nbytes)
-    if key.kind is ObjectKind.KV:
-        ix.tree.add_kv(node, ref)
-        ix.max_kv_len = max(ix.max_kv_len, key.end - key.start)
-    elif key.kind is ObjectKind.STATE:
-        ix.tree.set_state(node, ref)
-    else:
-        ix.tree.add_anchor(node, ref)
-    ix.where[key] = node.id
-    ix.eviction.on_change(node)

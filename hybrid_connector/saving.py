@@ -21,11 +21,12 @@ import numpy as np
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.index_core import IndexCore
 from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta, PrefixHasher, as_tokens
+from hybrid_connector.manifests import encode_record, manifest_name
 from hybrid_connector.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.policies.anchors import anchor_block_bytes
 from hybrid_connector.radix import Node, ObjectRef
 from hybrid_connector.reclaim import Reclaimer
-from tiers.ops import Move, Op, Put, Remove
+from tiers.ops import Move, Op, Put, Record, Remove
 
 
 @dataclass(frozen=True)
@@ -147,15 +148,16 @@ class Saver:
                     # objects placed before are in the ledger already: room for this one
                     ok, freed = self.reclaim.make_room(sp.kind, {sp.kind: sp.nbytes}, batch)
                     evicted += freed
+                    # what a warm restart re-links it from (its tokens, its chain hashes)
+                    meta = ObjectMeta.for_range(arr, sp.start, sp.end, sp.kind, hasher)
                     if ok:
-                        ok = self._place(leaf, key, sp.nbytes, puts)
+                        ok = self._place(leaf, key, sp.nbytes, puts, meta)
                     if not ok:
                         refused.append(Rejection(sp.kind, sp.start, sp.end, "no_room"))
                         continue
                     batch.add(key)
                     keys[i] = key
-                    # what a warm restart re-links it from (its tokens, its chain hashes)
-                    metas[key] = ObjectMeta.for_range(arr, sp.start, sp.end, sp.kind, hasher)
+                    metas[key] = meta
             finally:
                 ix.tree.lock_kv(leaf, -1)
             for r in refused:
@@ -170,8 +172,9 @@ class Saver:
                           (survivor.id, survivor.depth), metas)
 
     def _place(self, leaf: Node, key: ObjectKey, nbytes: int,
-               puts: dict[int, tuple[ObjectKey, bool]]) -> bool:
-        """Ask the ledger for a tier; index the object as pending there."""
+               puts: dict[int, tuple[ObjectKey, bool]], meta: ObjectMeta) -> bool:
+        """Ask the ledger for a tier; index the object as pending there. A KV chunk
+        written to the shared tier is announced there too (``hybrid_connector.manifests``)."""
         ix = self.ix
         with ix.backend.lock:
             placement = ix.ledger.place(key, nbytes)
@@ -180,6 +183,10 @@ class Saver:
                 if isinstance(op, Put) and op.key == key:
                     puts[len(ix.outbox)] = (key, op.tier == shared)
                 ix.outbox.append(op)
+                if (isinstance(op, Put) and op.key == key and op.tier == shared
+                        and key.kind is ObjectKind.KV and shared is not None):
+                    ix.outbox.append(Record(key, shared, manifest_name(key.fingerprint, meta.prev),
+                                            encode_record(key, nbytes, meta)))
             for k in placement.dropped:
                 (self.reclaim.unindex(k) if k.fingerprint == ix.fingerprint
                  else ix.foreign_drops.append(k))

@@ -68,6 +68,8 @@ class RequestSession:
         self.hasher = ChainHasher(cache.config.hash_block_size, self.prompt)
         self._extra: list[int] = []
         self.gate_rejected = False
+        # What other instances stored on a shared tier becomes known before the lookup.
+        self.found = cache.discover(self.prompt, self.hasher, alignment)
         self.plan = cache.lookup(self.prompt, alignment, replay)
         if self.plan.hit and not self.plan.exact and gate is not None and not gate(self.plan):
             self.gate_rejected = True

@@ -28,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectMeta
-from tiers.ops import Move, Op, Put, Remove, Take
+from tiers.ops import Move, Op, Put, Record, Remove, Take
 from tiers.tier import Tier
 
 log = logging.getLogger(__name__)
@@ -134,6 +134,10 @@ class Executor:
                 results[where[i]] = self._move(op)
             elif isinstance(op, Take):
                 results[where[i]] = self._take(op)
+            elif isinstance(op, Record):
+                put_failed = any(isinstance(o, Put) and o.key == op.key and o.tier == op.tier
+                                 and not results[where[k]] for k, o in enumerate(ops[:i]))
+                results[where[i]] = not put_failed and self._record(op)
             else:
                 results[where[i]] = self._remove(op)
             i += 1
@@ -210,6 +214,17 @@ class Executor:
         if op.tier != self.shared:
             t.remove([op.key])  # the stash holds it until its put
         return data is not None
+
+    def _record(self, op: Record) -> bool:
+        t = self._tier(op.tier)
+        append = getattr(t, "append_record", None)
+        if append is None:
+            return False
+        try:
+            return bool(append(op.name, op.data))
+        except Exception:
+            log.exception("manifest append on tier %s failed", op.tier)
+            return False
 
     def _remove(self, op: Remove) -> bool:
         t = self._tier(op.tier)

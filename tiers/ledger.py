@@ -289,6 +289,20 @@ class Ledger:
         self._add(Entry(key, nbytes, None if shared else tier, shared=shared, pending=False))
         return True
 
+    def adopt_shared(self, key: ObjectKey, nbytes: int) -> Placement:
+        """Track an object another instance wrote to the shared tier (found there) as a
+        ready shared-only entry, forgetting the oldest shared-only entries for room (in
+        ``dropped``); ``tier`` None when there is no shared tier or no room."""
+        sh = self._shared
+        if sh is None or key in self.entries or not sh.holds(key.kind, nbytes):
+            return Placement(None)
+        dropped: list[ObjectKey] = []
+        if not self._room_shared(key.kind, nbytes, dropped, {key}):
+            return Placement(None, (), tuple(dropped))
+        sh.charge(key, nbytes)
+        self._add(Entry(key, nbytes, None, shared=True, pending=False))
+        return Placement(sh.spec.name, (), tuple(dropped))
+
     # ------------------------------------------------------------------ lifecycle
     def remove(self, key: ObjectKey) -> tuple[Op, ...]:
         """Forget ``key`` (the index evicted it); the ops delete its local copy (a shared

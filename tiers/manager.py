@@ -93,6 +93,7 @@ class TierManager(Backend, ObjectStore):
         from tiers.device import DeviceTier
         from tiers.host import HostTier
         from tiers.nvme import NvmeTier
+        from tiers.manifest import RECORD_BYTES, Limits
         from tiers.remote import RemoteTier
 
         def budgets(tier: str) -> dict[ObjectKind, int]:
@@ -111,7 +112,9 @@ class TierManager(Backend, ObjectStore):
         if config.remote_url and config.budget("remote").total:
             tiers.append(RemoteTier(
                 config.remote_url, budgets("remote"), serde=config.remote_serde,
-                timeout=config.remote_timeout_s))
+                timeout=config.remote_timeout_s,
+                # manifest records announce chunks with their tokens (hybrid_connector.manifests)
+                limits=Limits(max_records=1024, max_record_bytes=RECORD_BYTES)))
         return cls(tiers)
 
     # ------------------------------------------------------------------ accounting

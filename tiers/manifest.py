@@ -53,6 +53,11 @@ class CorruptManifest(ValueError):
     """A stored manifest that fails a structural or checksum check (or exceeds the limits)."""
 
 
+# What an index announces a chunk with (its key, size and metadata: ~1.4 KiB for 256
+# tokens) fits well within this; the tiers built from a config use it.
+RECORD_BYTES = 16384
+
+
 @dataclass(frozen=True)
 class Limits:
     """Bounds of one manifest: the newest ``max_records`` records are kept, each at most

@@ -13,6 +13,9 @@ same ops on its own shard). Ops are plain immutable values so they can cross pro
   is only read); a later ``Put`` of that key without a payload stores the stashed copy.
   A promotion is ``Take``, the demotions that make room (which may use the room the take
   freed), then ``Put``.
+* ``Record(key, tier, name, data)``: append ``data`` to manifest ``name`` on the shared
+  ``tier`` (how other instances find ``key``), unless the batch's put of ``key`` there
+  failed. Only one rank need run it (the record is the same on every rank).
 
 An op's result is True only when it fully happened; a failed ``Put`` or ``Move`` leaves no
 copy in its destination, so the ledger can forget the object without orphaning bytes.
@@ -50,4 +53,12 @@ class Take:
     tier: str
 
 
-Op = Put | Move | Remove | Take
+@dataclass(frozen=True, slots=True)
+class Record:
+    key: ObjectKey
+    tier: str
+    name: str
+    data: bytes
+
+
+Op = Put | Move | Remove | Take | Record

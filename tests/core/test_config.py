@@ -118,7 +118,6 @@ def test_alpha_and_grid_must_be_finite_and_non_negative(tmp_path, text, key):
 @pytest.mark.parametrize("text, key", [
     ("save_decode_cache: true\n", "save_decode_cache"),
     ("use_layerwise: true\n", "use_layerwise"),
-    ("lookup_timeout_ms: 100\n", "lookup_timeout_ms"),
 ])
 def test_unhonoured_lmcache_keys_accept_only_their_defaults(tmp_path, text, key):
     msg = _raises_naming(tmp_path, text, f"'{key}'")
@@ -127,6 +126,12 @@ def test_unhonoured_lmcache_keys_accept_only_their_defaults(tmp_path, text, key)
     _, load = _load_text(tmp_path, "save_decode_cache: false\nuse_layerwise: false\n"
                                    "lookup_timeout_ms: 3000\n")
     load()
+
+
+def test_lookup_timeout_is_the_discovery_deadline(tmp_path):
+    _, load = _load_text(tmp_path, "lookup_timeout_ms: 250\n")
+    assert load().lookup_timeout_ms == 250              # honoured: see discovery.py
+    _raises_naming(tmp_path, "lookup_timeout_ms: 0\n", "'lookup_timeout_ms'")
 
 
 def test_tier_keys_are_typed_and_validated(tmp_path):

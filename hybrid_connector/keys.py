@@ -40,10 +40,8 @@ class ObjectKind(StrEnum):
 
 def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """Return ``tokens`` as a contiguous 1-D int64 array (no copy when already one).
-
     Raises ValueError on a non 1-D input, non-integer values (floats are never truncated
-    silently) or negative token ids.
-    """
+    silently) or negative token ids."""
     raw = np.asarray(tokens)
     if raw.size and (raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer)):
         raise ValueError(f"token ids must be integers, got dtype {raw.dtype}")
@@ -73,8 +71,7 @@ def chain_hashes(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[by
 
 
 class HasherLike(Protocol):
-    """What keys a save: prefix hashes at any end (``PrefixHasher``, ``hashes.ChainHasher``,
-    ``hashes.EngineHashes``)."""
+    """Prefix hashes at any end (``PrefixHasher``, ``hashes.ChainHasher``/``EngineHashes``)."""
 
     block_size: int
 

@@ -1,31 +1,22 @@
-"""The ledger: which tier holds each object, per-tier per-kind budgets, and the placement
-decisions (where a new object goes, which objects are demoted or dropped to make room).
+"""The ledger: which tier holds each object, per-tier per-kind budgets, and every placement
+decision (where a new object goes, what is demoted or dropped to make room). Metadata only,
+run where the index runs; the bytes live in worker processes, which carry out the
+``tiers.ops`` it emits (every TP rank runs the same ops on its shard), so the ledger is the
+one truth of what is where.
 
-It is metadata only and runs where the index runs (scheduler process, cache server,
-embedded); the bytes live in the tiers of one or more worker processes, which carry out the
-``tiers.ops`` the ledger emits (every tensor-parallel rank runs the same ops on its shard,
-so the ledger is the one truth of what is where).
-
-Placement rules (the ones ``TierManager`` documents, decided here):
-
-* Local tiers are exclusive: an object lives in exactly one of them. A new object goes to
-  the fastest local tier whose pool for its kind can hold it, making room there by moving
-  that pool's least recently used, unpinned, ready objects down: a victim is demoted to the
-  next tier that can hold it when ``merits(key)`` agrees (making room there recursively),
-  else it leaves the local tiers; it is then dropped (``dropped``: the index must forget
-  it) unless a copy sits on the shared tier, where it stays indexed.
-* The shared tier (a remote store other instances use too) holds copies: every object is
-  written through to it, it is never removed from, and its budget only bounds how many
-  shared-only objects this index keeps track of (forgetting one deletes nothing).
-* A budget may be shared by several kinds (``TierSpec.kind_pool``: the simulator's single
-  cache size); by default each kind has its own pool, so anchor or state pressure never
-  evicts KV.
-* Pending objects (a put in flight) count against budgets and are never victims; pinned
-  objects are never moved or dropped.
+* Local tiers are exclusive. A new object goes to the fastest local tier whose pool for its
+  kind can hold it, making room by moving that pool's least recently used, unpinned, ready
+  objects down: a victim is demoted to the next tier that can hold it when ``merits(key)``
+  agrees (making room there recursively), else it leaves the local tiers and is dropped
+  (``dropped``: the index forgets it) unless a copy sits on the shared tier.
+* The shared tier (a remote store other instances use too) gets a copy of everything, is
+  never removed from, and its budget only bounds how many shared-only objects are tracked.
+* A budget may be shared by several kinds (``TierSpec.kind_pool``); by default each kind
+  has its own pool, so anchor or state pressure never evicts KV. Pending objects count
+  against budgets and are never victims; pinned objects are never moved or dropped.
 
 Not thread safe: the owner (the index) serialises calls under its lock.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -72,17 +63,12 @@ class Ledger:
         """The tier to read ``key`` from (its local tier, else the shared tier when a copy
         is confirmed there), or None (absent or not yet written)."""
         e = self.entries.get(key)
-        if e is None or e.pending:
-            return None
-        if e.tier is not None:
-            return e.tier
-        if self._shared and e.shared and not e.shared_pending:
-            return self._shared.spec.name
-        return None
+        if e is None or e.pending or e.tier is not None:
+            return None if e is None or e.pending else e.tier
+        return self._shared.spec.name if self._shared and e.shared and not e.shared_pending else None
 
     def is_pending(self, key: ObjectKey) -> bool:
-        e = self.entries.get(key)
-        return e is not None and e.pending
+        return (e := self.entries.get(key)) is not None and e.pending
 
     def _tiers(self) -> list[TierUsage]:
         return [*self._local, *([self._shared] if self._shared else [])]
@@ -279,8 +265,8 @@ class Ledger:
         self._forget(e.key)
 
     def adopt(self, key: ObjectKey, nbytes: int, tier: str) -> bool:
-        """Account an object a tier already holds (found at start, a warm restart) as ready
-        in ``tier``; False (nothing recorded) when its pool has no room left."""
+        """Account an object ``tier`` already holds (a warm restart) as ready; False
+        (nothing recorded) when its pool has no room left."""
         t = self._by_name.get(tier)
         if t is None or key in self.entries or not t.fits(key.kind, nbytes):
             return False
@@ -290,9 +276,8 @@ class Ledger:
         return True
 
     def adopt_shared(self, key: ObjectKey, nbytes: int) -> Placement:
-        """Track an object another instance wrote to the shared tier (found there) as a
-        ready shared-only entry, forgetting the oldest shared-only entries for room (in
-        ``dropped``); ``tier`` None when there is no shared tier or no room."""
+        """Track an object another instance wrote to the shared tier as a ready shared-only
+        entry, forgetting the oldest ones for room (``dropped``); ``tier`` None: no room."""
         sh = self._shared
         if sh is None or key in self.entries or not sh.holds(key.kind, nbytes):
             return Placement(None)
@@ -395,20 +380,21 @@ class Ledger:
         return Placement(e.tier, tuple(ops), tuple(dropped))
 
     def check(self) -> None:
-        """Recompute every tier's usage from the entries; raise AssertionError if off."""
-        for t in self._tiers():
-            used: dict[str, int] = {}
-            for k in t.lru:
-                pool = t.spec.kind_pool[k.kind]
-                used[pool] = used.get(pool, 0) + t.spec.size(k.kind, self.entries[k].nbytes)
-            for pool, b in t.spec.pools.items():
-                assert used.get(pool, 0) == t.used.get(pool, 0), f"{t.spec.name}.{pool} usage"
-                assert t.used.get(pool, 0) <= b, f"{t.spec.name}.{pool} over budget"
+        """Recompute every tier's usage and the tracked bytes from the entries; raise
+        AssertionError if anything is off."""
+        used: dict[tuple[str, str], int] = {}
         tracked: dict[str, int] = {}
         for k, e in self.entries.items():
-            homes = [t.spec.name for t in self._tiers() if k in t.lru]
+            homes = [t for t in self._tiers() if k in t.lru]
             want = [e.tier] if e.tier else [self._shared.spec.name] if self._shared else []
-            assert homes == want, f"{k}: in {homes}, ledger says {want}"
+            assert [t.spec.name for t in homes] == want, f"{k}: in {homes}, ledger says {want}"
+            for t in homes:
+                slot = (t.spec.name, t.spec.kind_pool[k.kind])
+                used[slot] = used.get(slot, 0) + t.spec.size(k.kind, e.nbytes)
             pool = self._pool_name(k.kind)
             tracked[pool] = tracked.get(pool, 0) + self._charged(pool, e.nbytes)
+        for t in self._tiers():
+            for pool, b in t.spec.pools.items():
+                got = t.used.get(pool, 0)
+                assert got == used.get((t.spec.name, pool), 0) and got <= b, f"{t.spec.name}.{pool}"
         assert all(tracked.get(p, 0) == n for p, n in self._tracked.items()), "tracked bytes"

@@ -92,8 +92,8 @@ class TierManager(Backend, ObjectStore):
         a bad remote URL or an unusable disk path."""
         from tiers.device import DeviceTier
         from tiers.host import HostTier
-        from tiers.nvme import NvmeTier
         from tiers.manifest import RECORD_BYTES, Limits
+        from tiers.nvme import NvmeTier
         from tiers.remote import RemoteTier
 
         def budgets(tier: str) -> dict[ObjectKind, int]:

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hybrid_connector.keys import ROOT_HASH, HasherLike, _h, as_tokens
+from hybrid_connector.keys import ROOT_HASH, HasherLike, _h, as_tokens, hash_at
 
+_NO_TOKENS = as_tokens(())
 Hashes = HasherLike  # what a save needs from prefix hashes (``keys.PrefixHasher`` too)
 
 
@@ -70,11 +71,7 @@ class ChainHasher:
         ValueError outside ``[0, len]``."""
         if not 0 <= end <= self._n:
             raise ValueError(f"prefix end {end} outside [0, {self._n}]")
-        nfull = end // self.block_size
-        prev = self._blocks[nfull - 1] if nfull else ROOT_HASH
-        if end % self.block_size == 0:
-            return prev
-        return _h(prev + b"\x01", self._buf[nfull * self.block_size : end])
+        return hash_at(self._blocks, self._buf, end, self.block_size)
 
 
 class EngineHashes:
@@ -105,13 +102,10 @@ class EngineHashes:
         if end < 0 or nfull > len(self.hashes) or (tail and self.tokens is None):
             raise ValueError(f"no engine hash for a prefix of {end} tokens "
                              f"({len(self.hashes)} blocks of {self.block_size})")
-        prev = self.hashes[nfull - 1] if nfull else ROOT_HASH
-        if not tail:
-            return prev
-        assert self.tokens is not None
-        if end > self.tokens.size:
-            raise ValueError(f"prefix end {end} past the {self.tokens.size} tokens given")
-        return _h(prev + b"\x01", self.tokens[nfull * self.block_size : end])
+        toks = self.tokens if self.tokens is not None else _NO_TOKENS
+        if end > max(toks.size, nfull * self.block_size):
+            raise ValueError(f"prefix end {end} past the {toks.size} tokens given")
+        return hash_at(self.hashes, toks, end, self.block_size)
 
 
 def continue_hashes(prev: bytes, offset: int, tokens: Sequence[int] | np.ndarray,

@@ -79,12 +79,9 @@ class HasherLike(Protocol):
 
 
 class PrefixHasher:
-    """Prefix hashes of one token sequence at arbitrary ends, sharing the block chain.
-
-    The hash of ``[0, end)`` equals ``chain_hashes`` at block ends and otherwise hashes the
-    partial tail onto the last full block, so it is independent of how the sequence was
-    cut. Immutable after construction; ``at`` raises ValueError outside ``[0, len]``.
-    """
+    """Prefix hashes of one token sequence at any end (``hash_at`` over its block chain),
+    independent of how the sequence was cut. Immutable; ``at`` raises ValueError outside
+    ``[0, len]``."""
 
     def __init__(self, tokens: Sequence[int] | np.ndarray, block_size: int) -> None:
         self.tokens = as_tokens(tokens)
@@ -94,12 +91,15 @@ class PrefixHasher:
     def at(self, end: int) -> bytes:
         if not 0 <= end <= self.tokens.size:
             raise ValueError(f"prefix end {end} outside [0, {self.tokens.size}]")
-        nfull = end // self.block_size
-        prev = self.blocks[nfull - 1] if nfull else ROOT_HASH
-        if end % self.block_size == 0:
-            return prev
-        # A distinct domain byte keeps a partial tail from colliding with a full block.
-        return _h(prev + b"\x01", self.tokens[nfull * self.block_size : end])
+        return hash_at(self.blocks, self.tokens, end, self.block_size)
+
+
+def hash_at(blocks: Sequence[bytes], tokens: np.ndarray, end: int, block_size: int) -> bytes:
+    """Hash of ``tokens[:end]`` from ``blocks``, its full blocks' chain (``end`` checked by
+    the caller); a partial tail gets its own domain byte, never colliding with a block."""
+    nfull = end // block_size
+    prev = blocks[nfull - 1] if nfull else ROOT_HASH
+    return prev if end % block_size == 0 else _h(prev + b"\x01", tokens[nfull * block_size : end])
 
 
 def prefix_hash(tokens: Sequence[int] | np.ndarray, end: int, block_size: int) -> bytes:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import struct
 
 from hybrid_connector.keys import ObjectKey, ObjectMeta
-from tiers.manifest import RECORD_BYTES as MAX_RECORD
 
 _HEAD = struct.Struct("<HQ")  # key string length, payload bytes
 
@@ -35,7 +34,7 @@ def decode_record(data: bytes) -> tuple[ObjectKey, int, ObjectMeta] | None:
     """The announced ``(key, nbytes, meta)``, or None for a record that does not decode or
     whose metadata cannot describe its key (another instance's bug, or a hostile peer)."""
     try:
-        if len(data) < _HEAD.size or len(data) > MAX_RECORD:
+        if len(data) < _HEAD.size:  # the tier bounded its length (tiers.manifest.Limits)
             return None
         klen, nbytes = _HEAD.unpack_from(data)
         if _HEAD.size + klen > len(data) or nbytes <= 0:

@@ -92,7 +92,6 @@ class TierManager(Backend, ObjectStore):
         a bad remote URL or an unusable disk path."""
         from tiers.device import DeviceTier
         from tiers.host import HostTier
-        from tiers.manifest import RECORD_BYTES, Limits
         from tiers.nvme import NvmeTier
         from tiers.remote import RemoteTier
 
@@ -112,9 +111,7 @@ class TierManager(Backend, ObjectStore):
         if config.remote_url and config.budget("remote").total:
             tiers.append(RemoteTier(
                 config.remote_url, budgets("remote"), serde=config.remote_serde,
-                timeout=config.remote_timeout_s,
-                # manifest records announce chunks with their tokens (hybrid_connector.manifests)
-                limits=Limits(max_records=1024, max_record_bytes=RECORD_BYTES)))
+                timeout=config.remote_timeout_s, limits=_manifest_limits(config)))
         return cls(tiers)
 
     # ------------------------------------------------------------------ accounting
@@ -341,3 +338,17 @@ def _zstd_kinds(config: HybridConfig) -> dict[ObjectKind, int]:
 def build_store(config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
     """The store the cache and CLI use: a ``TierManager`` over the configured tiers."""
     return TierManager.from_config(config, device=device)
+
+
+def _manifest_limits(config: HybridConfig) -> Any:
+    """Manifest bounds with room for the record announcing the largest KV chunk ``config``
+    cuts (``hybrid_connector.manifests``: its key, size, tokens and block hashes); a smaller
+    bound would leave long chunks unannounced, so other instances could never find them."""
+    from hybrid_connector.keys import MAX_PREFIX_BYTES
+    from tiers.manifest import RECORD_BYTES, Limits
+
+    n = config.chunk_size
+    meta = ObjectMeta(prev=bytes(MAX_PREFIX_BYTES), tokens=(1 << 40,) * n,  # 8-byte ids
+                      block_size=config.hash_block_size,
+                      hashes=(bytes(MAX_PREFIX_BYTES),) * (n // config.hash_block_size))
+    return Limits(max_record_bytes=max(RECORD_BYTES, len(meta.to_bytes()) + 1024))

@@ -64,7 +64,7 @@ class Limits:
     ``max_record_bytes`` long (longer ones are refused at append and skipped at read)."""
 
     max_records: int = 1024
-    max_record_bytes: int = 1024
+    max_record_bytes: int = RECORD_BYTES
 
     def __post_init__(self) -> None:
         for f in ("max_records", "max_record_bytes"):

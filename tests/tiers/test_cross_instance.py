@@ -50,3 +50,29 @@ def test_no_shared_tier_means_no_discovery() -> None:
     cache = assemble.cache(cfg, GEO)
     assert cache.discover(prompts()[0]).kv_tokens == 0
     cache.close()
+
+
+@pytest.mark.parametrize("chunk", [256, 4096])
+def test_the_record_announcing_a_chunk_fits_the_remote_tiers_manifests(redis_server: str, chunk: int) -> None:
+    """A chunk's record (its key, tokens and block hashes) must never be refused as too
+    long: a chunk left unannounced can never be found by another instance. A tier made with
+    the default limits holds a default chunk's record; one made from a config, its own."""
+    from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+    from hybrid_connector.manifests import decode_record, encode_record
+    from tiers.manager import TierManager
+    from tiers.remote import RemoteTier
+
+    cfg = load_config(overrides={"chunk_size": chunk, "remote_url": redis_server,
+                                 "pools": {"remote": {"kv": 2**30}}}, environ={})
+    # token ids of a 151k vocabulary (Qwen's) take 4 bytes each
+    meta = ObjectMeta(prev=bytes(16), tokens=tuple(range(150_000, 150_000 + chunk)), block_size=16,
+                      hashes=tuple(bytes([i % 256]) * 16 for i in range(chunk // 16)))
+    key = ObjectKey("f" * 32, meta.hashes[-1], ObjectKind.KV, 0, chunk)
+    record = encode_record(key, 4096, meta)
+    tiers = [TierManager.from_config(cfg).tiers[-1]]
+    if chunk == 256:
+        tiers.append(RemoteTier(redis_server, {ObjectKind.KV: 2**20}, timeout=5))
+    for i, tier in enumerate(tiers):
+        name = f"{'a' * 32}.{chunk + i:032x}"
+        assert tier.append_record(name, record) is True
+        assert [decode_record(r) for r in tier.records(name)] == [(key, 4096, meta)]

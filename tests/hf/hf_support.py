@@ -203,3 +203,20 @@ def captured_restores(rt: HFRuntime, fault: Fault | None = None) -> Iterator[lis
         yield seen
     finally:
         del rt.adapter.restore  # the class's method again
+
+
+def assert_exact_hit(rt: HFRuntime, model: Any, probe: Sequence[int], hit: int, n_new: int = 8) -> None:
+    """Prefill ``probe`` on ``rt`` and assert a ``hit``-token exact hit whose restored cache,
+    logits and ``n_new`` greedy tokens equal a full prefill's; then finish the request, check
+    the cache's integrity and close the runtime and its cache."""
+    with captured_restores(rt) as restored:
+        rc = rt.prefill(probe)
+    assert rc.info.hit_tokens == hit and rc.info.exact
+    assert_restored_exact(rt.adapter, model, probe, restored[0][1], hit)
+    ref_logits, ref_new = reference(model, probe, n_new)
+    assert (rc.logits - ref_logits).abs().max().item() <= 1e-4
+    assert rt.decode(rc, n_new) == ref_new
+    rt.finish(rc)
+    rt.cache.check_integrity()
+    rt.close()
+    rt.cache.close()

@@ -8,10 +8,8 @@ from pathlib import Path
 
 import pytest
 from hf_support import (
-    assert_restored_exact,
-    captured_restores,
+    assert_exact_hit,
     random_tokens,
-    reference,
     runtime,
     tiny_model,
 )
@@ -42,14 +40,4 @@ def test_first_request_after_a_restart_hits_exactly(arch: str, tmp_path: Path) -
     again = runtime(model, store=nvme_store(tmp_path / "nvme"))
     assert again.cache.rebuilt.indexed["state"] >= 2 and not again.cache.rebuilt.unlinked
     probe = prefix + random_tokens(15, vocab, 24)
-    with captured_restores(again) as restored:
-        rc = again.prefill(probe)
-    assert rc.info.hit_tokens == 64 and rc.info.exact
-    assert_restored_exact(again.adapter, model, probe, restored[0][1], 64)
-    ref_logits, ref_new = reference(model, probe, 8)
-    assert (rc.logits - ref_logits).abs().max().item() <= 1e-4
-    assert again.decode(rc, 8) == ref_new
-    again.finish(rc)
-    again.cache.check_integrity()
-    again.close()
-    again.cache.close()
+    assert_exact_hit(again, model, probe, 64)

@@ -14,10 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hf"))
 
 from cross_peer_hf import hf_config  # noqa: E402
 from hf_support import (  # noqa: E402
-    assert_restored_exact,
-    captured_restores,
+    assert_exact_hit,
     random_tokens,
-    reference,
     runtime,
     tiny_model,
 )
@@ -40,14 +38,4 @@ def test_a_fresh_runtime_hits_on_another_process_prefix_exactly(server, request,
     rt = runtime(model, conf=hf_config(url), store=assemble.store(hf_config(url)))
     assert not rt.cache.index.where                      # knows nothing of its own
     probe = random_tokens(64, model.config.vocab_size, 31) + random_tokens(15, model.config.vocab_size, 34)
-    with captured_restores(rt) as restored:
-        rc = rt.prefill(probe)
-    assert rc.info.hit_tokens == 64 and rc.info.exact
-    assert_restored_exact(rt.adapter, model, probe, restored[0][1], 64)
-    ref_logits, ref_new = reference(model, probe, 8)
-    assert (rc.logits - ref_logits).abs().max().item() <= 1e-4
-    assert rt.decode(rc, 8) == ref_new
-    rt.finish(rc)
-    rt.cache.check_integrity()
-    rt.close()
-    rt.cache.close()
+    assert_exact_hit(rt, model, probe, 64)

@@ -49,7 +49,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta, PrefixHasher  # noqa: E402
+from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher  # noqa: E402
+from hybrid_connector.meta import ObjectMeta  # noqa: E402
 from tiers.nvme import NvmeTier  # noqa: E402
 
 K = ObjectKind

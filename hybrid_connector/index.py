@@ -35,7 +35,8 @@ from hybrid_connector.discovery import Found, SharedView, discover
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.hit import Hit, Usable, find_hit, kv_chain
 from hybrid_connector.index_core import IndexCore, Lease, Policies
-from hybrid_connector.keys import ObjectKey, ObjectMeta, PrefixHasher, as_tokens
+from hybrid_connector.keys import ObjectKey, PrefixHasher, as_tokens
+from hybrid_connector.meta import ObjectMeta
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.policies.admission import branch_point

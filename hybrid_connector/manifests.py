@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import struct
 
-from hybrid_connector.keys import ObjectKey, ObjectMeta
+from hybrid_connector.keys import ObjectKey
+from hybrid_connector.meta import ObjectMeta
 
 _HEAD = struct.Struct("<HQ")  # key string length, payload bytes
 

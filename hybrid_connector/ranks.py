@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hybrid_connector.index import CacheIndex
-from hybrid_connector.keys import ObjectKey, ObjectMeta
+from hybrid_connector.keys import ObjectKey
+from hybrid_connector.meta import ObjectMeta
 from hybrid_connector.plan import LoadPlan
 from hybrid_connector.saving import SaveTicket
 from tiers.executor import Executor

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from hybrid_connector.hashes import continue_hashes
 from hybrid_connector.index_core import IndexCore
-from hybrid_connector.keys import ROOT_HASH, ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ROOT_HASH, ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 from hybrid_connector.radix import Node
 
 Item = tuple[ObjectKey, int, ObjectMeta | None]

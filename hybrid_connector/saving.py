@@ -20,8 +20,9 @@ import numpy as np
 
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.index_core import IndexCore
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta, PrefixHasher, as_tokens
+from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens
 from hybrid_connector.manifests import encode_record, manifest_name
+from hybrid_connector.meta import ObjectMeta
 from hybrid_connector.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.policies.anchors import anchor_block_bytes
 from hybrid_connector.radix import Node, ObjectRef
@@ -54,6 +55,7 @@ class Saver:
         self.reclaim = reclaim
         self._next = 1
         self._failed: dict[int, list[Rejection]] = {}  # ticket id -> puts that failed
+        self._anchor_bytes: int | None = None
 
     # ------------------------------------------------------------------ checks
     def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
@@ -64,8 +66,10 @@ class Saver:
             return (end - start) * geo.kv_bytes_per_token()
         if kind is ObjectKind.STATE:
             return geo.state_bytes()
-        density = cfg.anchor_density or 1.0 / cfg.anchor_page_size
-        return anchor_block_bytes(geo, cfg.anchor_page_size, density)
+        if self._anchor_bytes is None:  # fixed by the geometry and the config
+            density = cfg.anchor_density or 1.0 / cfg.anchor_page_size
+            self._anchor_bytes = anchor_block_bytes(geo, cfg.anchor_page_size, density)
+        return self._anchor_bytes
 
     def _check(self, sp: ObjectSpec, n: int) -> str | None:
         if sp.end > n or (sp.kind is ObjectKind.STATE and sp.end == 0):
@@ -149,7 +153,8 @@ class Saver:
                     ok, freed = self.reclaim.make_room(sp.kind, {sp.kind: sp.nbytes}, batch)
                     evicted += freed
                     # what a warm restart re-links it from (its tokens, its chain hashes)
-                    meta = ObjectMeta.for_range(arr, sp.start, sp.end, sp.kind, hasher)
+                    meta = (ObjectMeta.for_range(arr, sp.start, sp.end, sp.kind, hasher)
+                            if ix.backend.keeps_meta else None)
                     if ok:
                         ok = self._place(leaf, key, sp.nbytes, puts, meta)
                     if not ok:
@@ -157,7 +162,8 @@ class Saver:
                         continue
                     batch.add(key)
                     keys[i] = key
-                    metas[key] = meta
+                    if meta is not None:
+                        metas[key] = meta
             finally:
                 ix.tree.lock_kv(leaf, -1)
             for r in refused:
@@ -172,7 +178,7 @@ class Saver:
                           (survivor.id, survivor.depth), metas)
 
     def _place(self, leaf: Node, key: ObjectKey, nbytes: int,
-               puts: dict[int, tuple[ObjectKey, bool]], meta: ObjectMeta) -> bool:
+               puts: dict[int, tuple[ObjectKey, bool]], meta: ObjectMeta | None) -> bool:
         """Ask the ledger for a tier; index the object as pending there. A KV chunk
         written to the shared tier is announced there too (``hybrid_connector.manifests``)."""
         ix = self.ix
@@ -184,7 +190,7 @@ class Saver:
                     puts[len(ix.outbox)] = (key, op.tier == shared)
                 ix.outbox.append(op)
                 if (isinstance(op, Put) and op.key == key and op.tier == shared
-                        and key.kind is ObjectKind.KV and shared is not None):
+                        and key.kind is ObjectKind.KV and shared is not None and meta is not None):
                     ix.outbox.append(Record(key, shared, manifest_name(key.fingerprint, meta.prev),
                                             encode_record(key, nbytes, meta)))
             for k in placement.dropped:

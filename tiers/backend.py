@@ -35,7 +35,11 @@ def spec_of(tier: Tier) -> TierSpec:
 
 
 class Backend:
-    """A ledger over ``specs`` (fastest first) plus an optional local ``executor``."""
+    """A ledger over ``specs`` (fastest first) plus an optional local ``executor``.
+    ``keeps_meta``: whether saves must hand each object its ``ObjectMeta`` (False for a
+    backend that keeps no bytes, such as the simulator's: building metadata is then skipped)."""
+
+    keeps_meta = True
 
     def __init__(self, specs: Sequence[TierSpec], executor: Executor | None = None) -> None:
         self.hooks: dict[str | None, StoreHooks] = {None: StoreHooks()}

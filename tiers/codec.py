@@ -32,7 +32,8 @@ import blake3
 import numpy as np
 import torch
 
-from hybrid_connector.keys import MAX_META_BYTES, ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import MAX_META_BYTES, ObjectMeta
 from tiers.tier import byte_view
 
 MAGIC = b"HCT1"

@@ -27,7 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectMeta
+from hybrid_connector.keys import ObjectKey
+from hybrid_connector.meta import ObjectMeta
 from tiers.ops import Move, Op, Put, Record, Remove, Take
 from tiers.tier import Tier
 

@@ -16,7 +16,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 from tiers.tier import (
     Entry,
     Tier,

@@ -49,6 +49,11 @@ class Ledger:
         self._budget, self._grain = pool_totals(self.specs)
         self._tracked: dict[str, int] = {}  # pool name -> bytes of the entries using it
         self._kind_used = dict.fromkeys(ObjectKind, 0)
+        self._max_object = {k: max((t.spec.budget(k) // t.spec.grain(k) * t.spec.grain(k)
+                                    for t in self._tiers() if k in t.spec.kind_pool), default=0)
+                            for k in ObjectKind}
+        self._room = {k: tuple(dict.fromkeys([k, *(o for t in self._tiers() for o, p in t.spec.kind_pool.items()
+                                                   if p == t.spec.kind_pool.get(k))])) for k in ObjectKind}
 
     # ------------------------------------------------------------------ queries
     @property
@@ -82,18 +87,13 @@ class Ledger:
         return self._kind_used[kind]
 
     def max_object_bytes(self, kind: ObjectKind) -> int:
-        """The largest object of ``kind`` any one tier's pool could hold."""
-        return max((t.spec.budget(kind) // t.spec.grain(kind) * t.spec.grain(kind)
-                    for t in self._tiers() if kind in t.spec.kind_pool), default=0)
+        """The largest object of ``kind`` any one tier's pool could hold (specs are fixed)."""
+        return self._max_object[kind]
 
     def room_kinds(self, kind: ObjectKind) -> tuple[ObjectKind, ...]:
         """``kind`` and the kinds sharing a pool with it in some tier (evicting them makes
         room for it)."""
-        out = [kind]
-        for t in self._tiers():
-            pool = t.spec.kind_pool.get(kind)
-            out += [k for k, p in t.spec.kind_pool.items() if p == pool and k not in out]
-        return tuple(out)
+        return self._room[kind]
 
     def fits(self, pending: Mapping[ObjectKind, int]) -> bool:
         """Whether ``pending`` more bytes per kind fit in the tiers' pools together (pool by

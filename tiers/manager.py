@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from hybrid_connector.config import HybridConfig
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 from tiers.backend import Backend, spec_of
 from tiers.copy_engine import CopyEngine, LayerTransfer
 from tiers.executor import Executor

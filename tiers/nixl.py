@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 from tiers import codec
 from tiers.nvme import NvmeTier, _write_all
 from tiers.tier import Entry

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 from tiers import codec
 from tiers.fileio import open_regular as _open_regular
 from tiers.fileio import read_exact as _read_exact

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_connector.config import TIERS, HybridConfig
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 from tiers.ledger import TierSpec
 from tiers.manager import TierManager
 from tiers.tier import Tier, TierStats
@@ -133,6 +134,8 @@ class SizeOnlyTier(Tier):
 class SizeOnlyStore(TierManager):
     """Byte accounting only over one ``SizeOnlyTier`` (see module docstring); the ledger
     enforces ``budget`` (pooled or per kind). Ops run inline: the sim is serial."""
+
+    keeps_meta = False  # nothing survives a restart here
 
     def __init__(self, budget: Budget, name: str = "host") -> None:
         for kind, pool in budget.kinds.items():

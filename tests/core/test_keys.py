@@ -10,12 +10,12 @@ from hybrid_connector.keys import (
     ROOT_HASH,
     ObjectKey,
     ObjectKind,
-    ObjectMeta,
     PrefixHasher,
     chain_hashes,
     model_fingerprint,
     prefix_hash,
 )
+from hybrid_connector.meta import ObjectMeta
 
 
 def test_chain_matches_hand_computation():

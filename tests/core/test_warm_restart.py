@@ -11,7 +11,8 @@ import torch
 from cache_support import SAVED, TINY, config, kv_items, made_for, payload
 
 from hybrid_connector import assemble
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta, PrefixHasher
+from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher
+from hybrid_connector.meta import ObjectMeta
 from hybrid_connector.session import RequestSession
 from tiers.manager import build_store
 

@@ -57,8 +57,9 @@ def test_the_record_announcing_a_chunk_fits_the_remote_tiers_manifests(redis_ser
     """A chunk's record (its key, tokens and block hashes) must never be refused as too
     long: a chunk left unannounced can never be found by another instance. A tier made with
     the default limits holds a default chunk's record; one made from a config, its own."""
-    from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta
+    from hybrid_connector.keys import ObjectKey, ObjectKind
     from hybrid_connector.manifests import decode_record, encode_record
+    from hybrid_connector.meta import ObjectMeta
     from tiers.manager import TierManager
     from tiers.remote import RemoteTier
 

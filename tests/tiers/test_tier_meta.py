@@ -15,7 +15,8 @@ import torch
 from hostile_peers import crafted_blob
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, ObjectMeta, PrefixHasher
+from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher
+from hybrid_connector.meta import ObjectMeta
 from tiers import codec
 from tiers.device import DeviceTier
 from tiers.executor import Executor

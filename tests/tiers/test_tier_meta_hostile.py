@@ -23,7 +23,8 @@ import torch
 from hostile_peers import crafted_blob
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import MAX_META_BYTES, ObjectKey, ObjectKind, ObjectMeta
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import MAX_META_BYTES, ObjectMeta
 from tiers import codec
 from tiers.nvme import NvmeTier
 

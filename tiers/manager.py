@@ -91,29 +91,9 @@ class TierManager(Backend, ObjectStore):
         ``remote_timeout_s``). A tier whose budget is all zero is left out (the config
         rejects a disk or remote tier named without a budget). Raises ValueError/OSError for
         a bad remote URL or an unusable disk path."""
-        from tiers.device import DeviceTier
-        from tiers.host import HostTier
-        from tiers.nvme import NvmeTier
-        from tiers.remote import RemoteTier
+        from tiers.configured import build_tiers
 
-        def budgets(tier: str) -> dict[ObjectKind, int]:
-            b = config.budget(tier)
-            return {ObjectKind.KV: b.kv, ObjectKind.STATE: b.state, ObjectKind.ANCHOR: b.anchor}
-
-        tiers: list[Tier] = []
-        if config.budget("device").total:
-            tiers.append(DeviceTier(budgets("device"), device=device))
-        if config.budget("host").total:
-            tiers.append(HostTier(budgets("host")))
-        if config.disk_path and config.budget("disk").total:
-            tiers.append(NvmeTier(
-                config.disk_path, budgets("disk"), zstd=_zstd_kinds(config),
-                fsync=config.disk_fsync, verify_reads=config.disk_verify_reads))
-        if config.remote_url and config.budget("remote").total:
-            tiers.append(RemoteTier(
-                config.remote_url, budgets("remote"), serde=config.remote_serde,
-                timeout=config.remote_timeout_s, limits=_manifest_limits(config)))
-        return cls(tiers)
+        return cls(build_tiers(config, device))
 
     # ------------------------------------------------------------------ accounting
     def capacity(self, kind: ObjectKind) -> int:
@@ -331,25 +311,6 @@ class TierManager(Backend, ObjectStore):
         super().close()
 
 
-def _zstd_kinds(config: HybridConfig) -> dict[ObjectKind, int]:
-    """``config.disk_zstd`` (kind name -> level, validated at load) keyed by ``ObjectKind``."""
-    return {ObjectKind(k): level for k, level in config.disk_zstd.items()}
-
-
 def build_store(config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
     """The store the cache and CLI use: a ``TierManager`` over the configured tiers."""
     return TierManager.from_config(config, device=device)
-
-
-def _manifest_limits(config: HybridConfig) -> Any:
-    """Manifest bounds with room for the record announcing the largest KV chunk ``config``
-    cuts (``hybrid_connector.manifests``: its key, size, tokens and block hashes); a smaller
-    bound would leave long chunks unannounced, so other instances could never find them."""
-    from hybrid_connector.keys import MAX_PREFIX_BYTES
-    from tiers.manifest import RECORD_BYTES, Limits
-
-    n = config.chunk_size
-    meta = ObjectMeta(prev=bytes(MAX_PREFIX_BYTES), tokens=(1 << 40,) * n,  # 8-byte ids
-                      block_size=config.hash_block_size,
-                      hashes=(bytes(MAX_PREFIX_BYTES),) * (n // config.hash_block_size))
-    return Limits(max_record_bytes=max(RECORD_BYTES, len(meta.to_bytes()) + 1024))

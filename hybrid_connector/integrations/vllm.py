@@ -1,0 +1,191 @@
+"""HybridConnector: vLLM's KV connector (``KVConnectorBase_V1`` + ``SupportsHMA``) for
+hybrid models, over this project's index (scheduler process) and tiers (each TP worker).
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector": "HybridConnector",
+      "kv_connector_module_path": "hybrid_connector.integrations.vllm",
+      "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+      "kv_connector_extra_config": {"config_file": "configs/vllm-qwen3_5.yaml"}}'
+
+(or the YAML path in ``HYBRID_CONNECTOR_CONFIG``). This module and its ``vllm_*`` siblings
+are the only ones that import vLLM: ``vllm_setup`` (start-up checks), ``vllm_scheduler``
+(the index side), ``vllm_worker`` (the byte side), ``vllm_meta`` (what crosses between).
+Every vLLM quirk handled is written down where it is handled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from hybrid_connector.integrations.vllm_meta import HybridConnectorMetadata, HybridWorkerMetadata
+from hybrid_connector.integrations.vllm_scheduler import SchedulerSide
+from hybrid_connector.integrations.vllm_setup import (
+    HybridStartupError,
+    check_engine,
+    geometry_of,
+    groups_of,
+    hybrid_config,
+)
+from hybrid_connector.integrations.vllm_worker import WorkerSide
+from hybrid_connector.ranks import LoadReport, RankWorker
+
+__all__ = ["HybridConnector", "HybridStartupError"]
+
+_SOURCES = {"device": CacheHitSource.HOST, "host": CacheHitSource.HOST,
+            "nvme": CacheHitSource.DISK, "remote": CacheHitSource.EXTERNAL_UNSPECIFIED}
+
+
+class HybridConnector(KVConnectorBase_V1, SupportsHMA):
+    """See the module docstring. One instance per process: the scheduler role holds the
+    index, the worker role one rank's tiers."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        if ktc is not None and ktc.kv_load_failure_policy != "recompute":
+            raise HybridStartupError(
+                'HybridConnector is a best-effort cache: set "kv_load_failure_policy": '
+                '"recompute" in --kv-transfer-config so a failed load is recomputed')
+        self.config = hybrid_config(vllm_config)
+        check_engine(vllm_config, self.config)
+        self.geometry = geometry_of(vllm_config, self.config)
+        self.groups = groups_of(kv_cache_config, self.geometry)
+        hash_block = kv_cache_config.hash_block_size or self.groups.block_size
+        layout = {"engine": "vllm", "block": self.groups.block_size, "state_order": "vllm",
+                  "hashes": f"vllm:{vllm_config.cache_config.prefix_caching_hash_algo}:{hash_block}"}
+        self.sched: SchedulerSide | None = None
+        self.worker: WorkerSide | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            tp = vllm_config.parallel_config.tensor_parallel_size
+            self.sched = SchedulerSide(self.config, self.geometry, self.groups, tp, hash_block, layout)
+        else:
+            from tiers.configured import build_tiers
+            from tiers.executor import Executor
+
+            rank = vllm_config.parallel_config.rank
+            disk = f"{self.config.disk_path}/rank{rank}" if self.config.disk_path else None
+            tiers = build_tiers(self.config, device=_device(), disk_path=disk)
+            self.worker = WorkerSide(self.geometry, self.groups, RankWorker(rank, Executor(tiers)),
+                                     kv_cache_config.num_blocks)
+        self._recving: set[str] = set()
+        self._invalid: set[int] = set()
+        self._load_reports: list[tuple[int, LoadReport]] = []
+
+    # ================================================================ worker side
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        assert self.worker is not None
+        self.worker.register(kv_caches)
+
+    def _meta(self) -> HybridConnectorMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, HybridConnectorMetadata)
+        return meta
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Loads of this step, whole (Mamba layers get no per-layer hooks); the requests
+        are waiting for them (async hits), so nothing reads their blocks meanwhile."""
+        assert self.worker is not None
+        meta = self._meta()
+        bs = self.groups.block_size
+        for job in meta.loads:
+            rep, failed = self.worker.load(job)
+            self._load_reports.append((job.job, rep))
+            self._recving.add(job.req_id)
+            if failed:
+                for g, _ in self.groups.attention:
+                    self._invalid.update(job.block_ids[g][job.start // bs : job.end // bs])
+                for g in self.groups.recurrent_groups:
+                    self._invalid.add(job.block_ids[g][job.end // bs - 1])
+        self.worker.run_ops(meta.ops)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
+                      **kwargs: Any) -> None:
+        return None  # saves copy whole chunks in wait_for_save, after the forward
+
+    def wait_for_save(self) -> None:
+        assert self.worker is not None
+        for job in self._meta().saves:
+            self.worker.save(job)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        done, self._recving = self._recving, set()
+        return None, done or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._invalid = self._invalid, set()
+        return out
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        assert self.worker is not None
+        reps, self._load_reports = self._load_reports, []
+        ops = self.worker.take_reports()
+        return HybridWorkerMetadata(ops, reps) if ops or reps else None
+
+    # ================================================================ scheduler side
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int
+                                   ) -> tuple[int | None, bool]:
+        assert self.sched is not None
+        return self.sched.match(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        assert self.sched is not None
+        ids = tuple(tuple(x) for x in blocks.get_block_ids())
+        self.sched.allocated(request, ids, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self.sched is not None
+        return self.sched.build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        assert self.sched is not None
+        meta = connector_output.kv_connector_worker_meta
+        self.sched.reports(meta if isinstance(meta, HybridWorkerMetadata) else None)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
+                                    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self.sched is not None
+        self.sched.finished(request)
+        return False, None  # saves were copied out of the blocks in their own step
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int
+                                       ) -> dict[CacheHitSource, int]:
+        if num_external_tokens == 0:
+            return {}
+        return {CacheHitSource.HOST: num_external_tokens}
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False
+
+    def shutdown(self) -> None:
+        if self.sched is not None:
+            self.sched.close()
+        if self.worker is not None:
+            self.worker.flush(5.0)
+            self.worker.worker.executor.close()
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"

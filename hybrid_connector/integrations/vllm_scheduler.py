@@ -1,0 +1,231 @@
+"""The scheduler side of the vLLM connector: the index (no bytes) in the engine-core
+process, answering vLLM's hit queries under the hit rule and turning vLLM's steps into
+load and save jobs for the TP workers (``RankGather`` merges their reports).
+
+Hits (``match``): exact only (stock vLLM cannot replay anchors), a multiple of the block
+size (align mode keeps states at block boundaries only), below the request's token count
+(vLLM recomputes the last token), deeper than the engine's own hit; reported as async so
+the state lands in its block before ``preprocess_mamba`` copies it to the running block.
+Saves (``saves_for``): KV chunks on the ``chunk_size`` grid (cut at kept checkpoints) as
+their tokens are computed, and states only at the boundaries vLLM offers
+(``boundary_state_offloads``, exact block ids), of which admission keeps the branch points
+it wants and the last boundary of the prompt. The workers copy both out of the blocks in
+``wait_for_save`` of the same step, so vLLM never has to hold blocks for a save.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hybrid_connector import assemble
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.hashes import EngineHashes
+from hybrid_connector.index import CacheIndex
+from hybrid_connector.integrations.vllm_meta import (
+    HybridConnectorMetadata,
+    HybridWorkerMetadata,
+    LoadJob,
+    SaveJob,
+    SaveObject,
+)
+from hybrid_connector.integrations.vllm_setup import Groups
+from hybrid_connector.keys import ObjectKind
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.plan import LoadPlan, ObjectSpec
+from hybrid_connector.ranks import RankGather
+from hybrid_connector.session import cut_chunks
+from tiers.backend import Backend
+from tiers.configured import tier_specs
+
+BlockIds = tuple[tuple[int, ...], ...]
+
+
+@dataclass
+class Counters:
+    """What the connector did (exported through vLLM's stats hooks)."""
+
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    loads: int = 0
+    loaded_tokens: int = 0
+    failed_loads: int = 0
+    saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class SchedulerSide:
+    """The index side of the connector (see the module docstring). Not thread safe: vLLM
+    calls it from the engine-core thread only."""
+
+    def __init__(self, config: HybridConfig, geometry: ModelGeometry, groups: Groups,
+                 world_size: int, hash_block_size: int, layout: Mapping[str, object]) -> None:
+        self.config = config
+        self.groups = groups
+        self.bs = groups.block_size
+        self.hash_block = hash_block_size
+        self.index: CacheIndex = assemble.index(config, geometry, Backend(tier_specs(config)),
+                                                layout=dict(layout))
+        self.gather = RankGather(self.index, world_size)
+        self.stats = Counters()
+        self._requests: dict[str, Any] = {}
+        self._hits: dict[str, tuple[LoadPlan, int]] = {}
+        self._loads: list[LoadJob] = []
+        self._leases: dict[int, tuple[LoadPlan, Any]] = {}
+        self._jobs = itertools.count(1)
+        self._kv_saved: dict[str, int] = {}
+        self._states_saved: dict[str, set[int]] = defaultdict(set)
+        self._offers: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
+        self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
+
+    # ---------------------------------------------------------------- hits
+    def tokens(self, request: Any) -> np.ndarray:
+        return np.asarray(request.all_token_ids[: request.num_tokens], dtype=np.int64)
+
+    def match(self, request: Any, num_computed: int) -> tuple[int, bool]:
+        """vLLM's ``get_num_new_matched_tokens``; remembers the plan for the allocation."""
+        rid = request.request_id
+        self._requests[rid] = request
+        self._hits.pop(rid, None)
+        if num_computed % self.bs:
+            return 0, False
+        plan = self.index.lookup(self.tokens(request), alignment=self.bs, replay=False)
+        if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
+            return 0, False
+        self._hits[rid] = (plan, num_computed)
+        return plan.num_tokens - num_computed, True
+
+    def allocated(self, request: Any, block_ids: BlockIds, num_external: int) -> None:
+        """vLLM's ``update_state_after_alloc``: lease the plan and queue its load."""
+        hit = self._hits.pop(request.request_id, None)
+        if num_external <= 0 or hit is None:
+            return
+        plan, local = hit
+        end = local + num_external
+        toks = self.tokens(request)
+        if end != plan.num_tokens:  # vLLM took less: the state must sit exactly at end
+            plan = self.index.lookup_at(toks, end, alignment=self.bs) if end % self.bs == 0 else plan
+        lease = self.index.acquire(plan) if plan.num_tokens == end else None
+        self.index.record_lookup(plan)
+        job = next(self._jobs)
+        objs = plan.objects if lease is not None else ()
+        self._loads.append(LoadJob(
+            request.request_id, job, local, end, tuple(o.ref.key for o in objs),
+            tuple(o.tier for o in objs), tuple(o.ref.nbytes for o in objs), block_ids))
+        self._leases[job] = (plan, lease)
+        self.stats.loads += 1
+        self.stats.loaded_tokens += end - local
+        for o in objs:
+            self.stats.hit_sources[o.tier] += 1
+
+    # ---------------------------------------------------------------- saves
+    def _admitted_states(self, rid: str, toks: np.ndarray, upto: int, cap: int) -> list[int]:
+        offers = self._offers.get(rid, {})
+        last = cap - cap % self.bs
+        want = set(self.index.plan_saves(toks[:cap], alignment=self.bs).state_positions) | {last}
+        full = [q for q, by in offers.items()
+                if len(by) == len(self.groups.recurrent_groups) and q <= upto]
+        return sorted(q for q in full if q in want and q not in self._states_saved[rid] and q > 0)
+
+    def saves_for(self, request: Any, end: int, block_ids: BlockIds) -> SaveJob | None:
+        """The save job for ``request`` once its first ``end`` tokens are computed."""
+        rid = request.request_id
+        cap = end if self.config.save_decode_cache else min(end, request.num_prompt_tokens)
+        toks = self.tokens(request)[:end]
+        chunk = self.config.chunk_size
+        states = self._admitted_states(rid, toks, end, cap) if self.groups.recurrent else []
+        kv_from = self._kv_saved.get(rid, 0)
+        kv_to = max([cap - cap % chunk, *states])
+        specs: list[ObjectSpec] = []
+        kvb = self.index.geometry.kv_bytes_per_token()
+        if kv_to > kv_from:
+            specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
+                      for s, e in cut_chunks(kv_from, kv_to, chunk, states)]
+        sb = self.index.geometry.state_bytes()
+        specs += [ObjectSpec(ObjectKind.STATE, q, q, sb) for q in states if q >= kv_from]
+        if not specs:
+            return None
+        hashes = EngineHashes(self.hash_block, list(request.block_hashes), toks)
+        ticket = self.index.begin_save(toks, specs, hashes=hashes)
+        self._kv_saved[rid] = max(kv_from, kv_to)
+        self._states_saved[rid].update(states)
+        objects = []
+        for key, sp in zip(ticket.keys, specs, strict=True):
+            if key is None:
+                continue
+            blocks = tuple(self._offers[rid][sp.end].items()) if sp.kind is ObjectKind.STATE else ()
+            objects.append(SaveObject(key, sp.kind, sp.start, sp.end, blocks))
+            self.stats.saved_objects[sp.kind.value] += 1
+        if not ticket.ops:
+            self.gather.forget_ticket(ticket.id)
+            return None
+        self._open[ticket.id] = set(range(len(ticket.ops)))
+        return SaveJob(rid, self.gather.expect(ticket), tuple(objects), block_ids)
+
+    def build_meta(self, scheduler_output: Any) -> HybridConnectorMetadata:
+        """vLLM's ``build_connector_meta``: this step's loads, saves and pending ops."""
+        meta = HybridConnectorMetadata(loads=self._loads)
+        self._loads = []
+        bstate = scheduler_output.kv_connector_block_state
+        for rid, offers in (bstate.boundary_state_offloads if bstate else {}).items():
+            for g, block_id, q in offers:
+                self._offers[rid][int(q)][int(g)] = int(block_id)
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            req = self._requests.get(rid)
+            ids = bstate.get_block_ids(rid) if bstate is not None else None
+            if req is None or ids is None:
+                continue
+            job = self.saves_for(req, req.num_computed_tokens + n, tuple(tuple(x) for x in ids))
+            if job is not None:
+                meta.saves.append(job)
+        drained = self.gather.drained()
+        if drained is not None:
+            self._open[drained.ticket] = set(range(len(drained.ops)))
+            meta.ops.append(drained)
+        return meta
+
+    # ---------------------------------------------------------------- reports
+    def reports(self, meta: HybridWorkerMetadata | None) -> None:
+        """vLLM's ``update_connector_output``: apply the ranks' reports to the index."""
+        if meta is None:
+            return
+        for rep in meta.op_reports:
+            if self.gather.op_report(rep):
+                left = self._open.get(rep.ticket)
+                if left is not None:
+                    left.difference_update(rep.indices)
+                    if not left:
+                        del self._open[rep.ticket]
+                        self.gather.forget_ticket(rep.ticket)
+        for job, rep in meta.load_reports:
+            entry = self._leases.get(job)
+            if entry is None:
+                continue
+            plan, lease = entry
+            failed = self.gather.load_report(plan, rep) if lease is not None else ()
+            if failed is None:
+                continue  # other ranks still to report
+            del self._leases[job]
+            if lease is not None:
+                self.index.release(lease)
+            if failed or lease is None:
+                self.stats.failed_loads += 1
+            else:
+                self.stats.hits += 1
+                self.stats.hit_tokens += plan.num_tokens
+
+    def finished(self, request: Any) -> None:
+        """vLLM's ``request_finished``: forget the request (its saves are copied already)."""
+        rid = request.request_id
+        for d in (self._requests, self._hits, self._kv_saved, self._states_saved, self._offers):
+            d.pop(rid, None)
+        self.index.finish(self.tokens(request), request.num_prompt_tokens)
+
+    def close(self) -> None:
+        self.index.close()

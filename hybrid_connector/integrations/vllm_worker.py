@@ -1,0 +1,219 @@
+"""The worker side of the vLLM connector, one per TP rank: moves bytes between vLLM's paged
+buffers and this rank's tiers, through ``kernels/`` (paged KV gather/scatter, state page
+copy; CUDA on GPU, the torch fallbacks on CPU).
+
+vLLM hands ``register_kv_caches`` one paged tensor per attention layer (``[2, blocks,
+block_size, heads, head_size]`` or ``[blocks, 2, ...]``) and a list of state tensors per
+Mamba/GDN layer (each ``[blocks, ...]``: block b holds the layer's whole state as of a
+block boundary in align mode). A state payload here is those pages back to back in vLLM's
+own shapes (its conv state is ``[kernel - 1, channels]``, the transpose of the geometry's
+``[channels, kernel - 1]``: same bytes, so the size check against the geometry holds and
+the engine-specific byte order goes into the index's fingerprint, never meeting payloads
+of the transformers runtime).
+
+Contract: ``load`` writes only the blocks of its job (KV of ``[start, end)``, the state at
+``end``) and reports a job failed (never raises) when a shard is missing, short or does
+not fit; ``save`` copies its objects out of the blocks before returning, so vLLM may reuse
+the blocks as soon as ``wait_for_save`` returns while the tier I/O runs on the lanes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+import kernels
+from hybrid_connector.integrations.vllm_meta import LoadJob, SaveJob, SaveObject
+from hybrid_connector.integrations.vllm_setup import Groups, HybridStartupError, layer_index
+from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.layers import TensorSpec
+from hybrid_connector.layout import PayloadLayout, kv_layout
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.ranks import LoadReport, OpReport, RankWorker
+
+log = logging.getLogger(__name__)
+
+
+def kv_block_layout(cache: torch.Tensor, num_blocks: int) -> str:
+    """``"kv_first"`` or ``"blocks_first"`` for one layer's paged KV tensor."""
+    if cache.dim() == 5 and cache.shape[0] == 2 and cache.shape[1] == num_blocks:
+        return "kv_first"
+    if cache.dim() == 5 and cache.shape[1] == 2 and cache.shape[0] == num_blocks:
+        return "blocks_first"
+    raise HybridStartupError(f"unsupported paged KV tensor of shape {tuple(cache.shape)} "
+                             f"for {num_blocks} blocks")
+
+
+class WorkerSide:
+    """One rank's byte mover (see the module docstring). Thread safe for reports only."""
+
+    def __init__(self, geometry: ModelGeometry, groups: Groups, worker: RankWorker,
+                 num_blocks: int) -> None:
+        self.geometry = geometry
+        self.groups = groups
+        self.worker = worker
+        self.num_blocks = num_blocks
+        self.kv: list[tuple[int, torch.Tensor, str]] = []       # (group, cache, layout)
+        self.states: list[tuple[int, list[torch.Tensor]]] = []  # (group, state tensors)
+        self.state_layout: PayloadLayout | None = None
+        self._lock = threading.Lock()
+        self._reports: list[OpReport] = []
+
+    # ---------------------------------------------------------------- registration
+    def register(self, caches: Mapping[str, torch.Tensor | Sequence[torch.Tensor]]) -> None:
+        """Take vLLM's buffers. Raises HybridStartupError for a layer missing or of an
+        unexpected shape, and for state pages whose bytes differ from the geometry's."""
+        bs = self.groups.block_size
+        for g, name in self.groups.attention:
+            t = caches.get(name)
+            if not isinstance(t, torch.Tensor):
+                raise HybridStartupError(f"no paged KV tensor registered for {name}")
+            lay = kv_block_layout(t, self.num_blocks)
+            if t.shape[2] != bs:
+                raise HybridStartupError(f"{name}: block size {t.shape[2]}, expected {bs}")
+            self.kv.append((g, t, lay))
+        specs: list[TensorSpec] = []
+        for g, name in self.groups.recurrent:
+            ts = caches.get(name)
+            if isinstance(ts, torch.Tensor) or not ts:
+                raise HybridStartupError(f"no state tensors registered for {name}")
+            ts = list(ts)
+            i = layer_index(name)
+            for j, t in enumerate(ts):
+                specs.append(TensorSpec(f"layers.{i}.s{j}", tuple(t.shape[1:]),
+                                        str(t.dtype).removeprefix("torch.")))
+            self.states.append((g, ts))
+        if specs:
+            self.state_layout = PayloadLayout.of(ObjectKind.STATE, specs)
+            if self.state_layout.nbytes != self.geometry.state_bytes():
+                raise HybridStartupError(
+                    f"vLLM's state pages hold {self.state_layout.nbytes} B, the geometry "
+                    f"{self.geometry.name} {self.geometry.state_bytes()} B per rank")
+
+    # ---------------------------------------------------------------- KV
+    def _kv_ids(self, block_ids: tuple[tuple[int, ...], ...], g: int, a: int, b: int) -> list[int]:
+        bs = self.groups.block_size
+        ids = list(block_ids[g][a // bs : -(-b // bs)])
+        if len(ids) != -(-(b - a) // bs) or a % bs:
+            raise ValueError(f"tokens [{a}, {b}) are not covered by group {g}'s blocks")
+        return ids
+
+    def gather_kv(self, block_ids: tuple[tuple[int, ...], ...], a: int, b: int) -> torch.Tensor:
+        """The KV of tokens ``[a, b)`` (``a`` block aligned) as a payload of
+        ``kv_layout(geometry, b - a)``."""
+        lay = kv_layout(self.geometry, b - a)
+        parts: dict[str, torch.Tensor] = {}
+        for (g, cache, bl), i in zip(self.kv, self.geometry.attention_layers, strict=True):
+            buf = kernels.gather_kv_blocks(cache, self._kv_ids(block_ids, g, a, b), layout=bl)
+            h, d = buf.shape[-2:]
+            parts[f"layers.{i}.k"] = buf[0].reshape(-1, h, d)[: b - a]
+            parts[f"layers.{i}.v"] = buf[1].reshape(-1, h, d)[: b - a]
+        return lay.pack(parts)
+
+    def scatter_kv(self, payload: torch.Tensor, start: int, block_ids: tuple[tuple[int, ...], ...],
+                   a: int, b: int) -> None:
+        """Write tokens ``[a, b)`` of a KV chunk payload beginning at token ``start`` into
+        the request's blocks (``a`` block aligned; a partial last block keeps its other
+        slots)."""
+        parts = kv_layout(self.geometry, payload_tokens(self.geometry, payload)).unpack(payload)
+        bs = self.groups.block_size
+        for (g, cache, bl), i in zip(self.kv, self.geometry.attention_layers, strict=True):
+            ids = self._kv_ids(block_ids, g, a, b)
+            k, v = parts[f"layers.{i}.k"][a - start : b - start], parts[f"layers.{i}.v"][a - start : b - start]
+            n = b - a
+            if n % bs:
+                buf = kernels.gather_kv_blocks(cache, ids, layout=bl)
+            else:
+                buf = torch.empty((2, len(ids), bs, *k.shape[1:]), dtype=cache.dtype,
+                                  device=cache.device)
+            buf[0].reshape(-1, *k.shape[1:])[:n].copy_(k)
+            buf[1].reshape(-1, *v.shape[1:])[:n].copy_(v)
+            kernels.scatter_kv_blocks(cache, ids, buf, layout=bl)
+
+    # ---------------------------------------------------------------- states
+    def gather_state(self, blocks: Mapping[int, int]) -> torch.Tensor:
+        """The state pages of block ``blocks[g]`` of every recurrent group ``g``."""
+        assert self.state_layout is not None
+        payload, views = self.state_layout.allocate(self.states[0][1][0].device)
+        for (g, ts), (_, name) in zip(self.states, self.groups.recurrent, strict=True):
+            i = layer_index(name)
+            dst = [views[f"layers.{i}.s{j}"].unsqueeze(0) for j in range(len(ts))]
+            kernels.copy_state_pages(ts, dst, [blocks[g]], [0])
+        return self.state_layout.commit(payload, views)
+
+    def scatter_state(self, payload: torch.Tensor, blocks: Mapping[int, int]) -> None:
+        """Write a state payload into block ``blocks[g]`` of every recurrent group ``g``."""
+        assert self.state_layout is not None
+        dev = self.states[0][1][0].device
+        parts = self.state_layout.unpack(payload.to(dev))
+        for (g, ts), (_, name) in zip(self.states, self.groups.recurrent, strict=True):
+            i = layer_index(name)
+            src = [parts[f"layers.{i}.s{j}"].unsqueeze(0).contiguous() for j in range(len(ts))]
+            kernels.copy_state_pages(src, ts, [0], [blocks[g]])
+
+    # ---------------------------------------------------------------- jobs
+    def load(self, job: LoadJob) -> tuple[LoadReport, bool]:
+        """Run one load; returns this rank's report and whether the load failed here."""
+        if not job.keys:
+            return LoadReport(job.job, self.worker.rank), True
+        got, rep = self.worker.load(job.job, job.keys, job.tiers, job.sizes)
+        if rep.failed:
+            return rep, True
+        bs = self.groups.block_size
+        try:
+            for key, data in zip(job.keys, got, strict=True):
+                assert data is not None
+                if key.kind is ObjectKind.KV:
+                    a, b = max(key.start, job.start), min(key.end, job.end)
+                    if a < b:
+                        self.scatter_kv(data, key.start, job.block_ids, a, b)
+                elif key.kind is ObjectKind.STATE:
+                    blk = {g: job.block_ids[g][job.end // bs - 1] for g in self.groups.recurrent_groups}
+                    self.scatter_state(data, blk)
+        except (ValueError, RuntimeError, IndexError):
+            log.exception("load of request %s failed on rank %d", job.req_id, self.worker.rank)
+            return LoadReport(job.job, self.worker.rank, tuple(job.keys), ()), True
+        return rep, False
+
+    def payload(self, job: SaveJob, obj: SaveObject) -> torch.Tensor:
+        if obj.kind is ObjectKind.KV:
+            return self.gather_kv(job.block_ids, obj.start, obj.end)
+        return self.gather_state(dict(obj.state_blocks))
+
+    def save(self, job: SaveJob) -> None:
+        """Copy the job's objects out of the blocks, then queue its ops (reports later)."""
+        payloads: dict[ObjectKey, torch.Tensor] = {}
+        for obj in job.objects:
+            payloads[obj.key] = self.payload(job, obj)
+        self.worker.run(job.batch, payloads, self._report)
+
+    def run_ops(self, batches: Sequence[object]) -> None:
+        for batch in batches:
+            self.worker.run(batch, {}, self._report)  # type: ignore[arg-type]
+
+    def _report(self, rep: OpReport) -> None:
+        with self._lock:
+            self._reports.append(rep)
+
+    def take_reports(self) -> list[OpReport]:
+        with self._lock:
+            out, self._reports = self._reports, []
+        return out
+
+    def flush(self, timeout: float | None = None) -> None:
+        self.worker.executor.flush(timeout)
+
+
+def payload_tokens(geometry: ModelGeometry, payload: torch.Tensor) -> int:
+    """Tokens in a KV chunk payload (its bytes over the geometry's KV bytes per token)."""
+    n = payload.numel() * payload.element_size()
+    per = geometry.kv_bytes_per_token()
+    if n % per:
+        raise ValueError(f"a KV payload of {n} B is not whole tokens of {per} B")
+    return n // per
+
+
+SendFn = Callable[[OpReport], None]

@@ -1,0 +1,131 @@
+"""A tiny hybrid model as vLLM 0.33.0 sees it, on CPU: a real ``VllmConfig`` (the model
+inspected by vLLM's registry from a local ``config.json``), the layers' KV cache specs as
+vLLM's own layers build them (state shapes from the model class), the ``KVCacheConfig``
+from vLLM's planner, and paged CPU buffers laid out as vLLM's GPU model runner lays them
+(``[2, blocks, block_size, heads, head_size]`` per attention layer, one padded page per
+block shared by a Mamba layer's state tensors)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch  # noqa: E402
+
+BLOCK = 32
+LAYOUT = "LBNHC"  # per-layer tensors, NHD inside a block (FlashAttention)
+
+
+def tiny_nemotron_h(root: Path) -> Path:
+    """A Nemotron-H config directory: layers M * M - (Mamba2, attention, Mamba2, MLP)."""
+    from transformers import NemotronHConfig
+
+    c = NemotronHConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        hybrid_override_pattern="M*M-", num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16, mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16,
+                        n_groups=1, conv_kernel=4, chunk_size=16, max_position_embeddings=4096)
+    c.architectures = ["NemotronHForCausalLM"]
+    d = root / "nemotron_h"
+    c.save_pretrained(d)
+    return d
+
+
+def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
+                policy: str = "recompute", num_blocks: int = 64) -> Any:
+    from vllm.config import (
+        CacheConfig,
+        KVTransferConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+
+    ex: dict[str, Any] = {"config_file": str(yaml_path)} if yaml_path else {}
+    ex.update(extra or {})
+    ktc = KVTransferConfig(**json.loads(json.dumps({
+        "kv_connector": "HybridConnector",
+        "kv_connector_module_path": "hybrid_connector.integrations.vllm",
+        "kv_role": "kv_both", "kv_load_failure_policy": policy,
+        "kv_connector_extra_config": ex})))
+    mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
+                     max_model_len=2048)
+    cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
+    cc.kv_cache_layout = LAYOUT  # what the engine core resolves for FlashAttention
+    cc.num_gpu_blocks = num_blocks
+    sc = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=2048,
+                         is_encoder_decoder=False)
+    return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=ktc)
+
+
+def layer_specs(vc: Any) -> dict[str, Any]:
+    """``{layer name: KVCacheSpec}`` as vLLM's attention and Mamba layers build them."""
+    from vllm.model_executor.models.registry import ModelRegistry
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    mc = vc.model_config
+    cls, _ = ModelRegistry.resolve_model_cls(mc.architectures, mc)
+    shapes = cls.get_mamba_state_shape_from_config(vc)
+    dtypes = cls.get_mamba_state_dtype_from_config(vc)
+    hf = mc.hf_text_config
+    attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=hf.num_key_value_heads,
+                             head_size=hf.head_dim, dtype=torch.float32)
+    state = sum(torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
+    assert attn.page_size_bytes >= state, "raise BLOCK: vLLM pads the state page to the KV page"
+    out: dict[str, Any] = {}
+    for i, kind in enumerate(hf.layers_block_type):
+        if kind in ("attention", "full_attention"):
+            out[f"model.layers.{i}.mixer.attn"] = attn
+        elif kind in ("mamba", "linear_attention"):
+            out[f"model.layers.{i}.mixer"] = MambaSpec(
+                block_size=BLOCK, shapes=tuple(shapes), dtypes=tuple(dtypes),
+                page_size_padded=attn.page_size_bytes, mamba_cache_mode="align")
+    return out
+
+
+def kv_cache_config(vc: Any, num_blocks: int = 64) -> Any:
+    """vLLM's planner over :func:`layer_specs` for ``num_blocks`` blocks."""
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+
+    specs = layer_specs(vc)
+    page = max(s.page_size_bytes for s in specs.values())
+    groups = get_global_kv_cache_groups(vc, [specs])
+    per_block = page * max(len(g.layer_names) for g in groups) * len(groups)
+    (cfg,) = get_kv_cache_configs(vc, [specs], [per_block * num_blocks], groups)
+    return cfg
+
+
+def allocate(cfg: Any, seed: int = 0) -> dict[str, Any]:
+    """Paged buffers for ``cfg`` as vLLM's GPU model runner shapes them, filled with random
+    bytes: per attention layer ``[2, num_blocks, block_size, heads, head_size]``; per Mamba
+    layer a list of state tensors ``[num_blocks, *shape]``, views into one buffer whose block
+    stride is the padded page (the states of one block back to back)."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    gen = torch.Generator().manual_seed(seed)
+    specs = {n: g.kv_cache_spec for g in cfg.kv_cache_groups for n in g.layer_names}
+    out: dict[str, Any] = {}
+    nb = cfg.num_blocks
+    for t in cfg.kv_cache_tensors:
+        raw = torch.randint(0, 256, (t.size,), dtype=torch.uint8, generator=gen)
+        for name in t.layers:
+            spec = specs[name]
+            if isinstance(spec, MambaSpec):
+                page = spec.page_size_bytes
+                views, off = [], 0
+                for shape, dt in zip(spec.shapes, spec.dtypes, strict=True):
+                    n = torch.Size(shape).numel()
+                    flat = raw.view(dt)
+                    stride = page // dt.itemsize
+                    views.append(torch.as_strided(flat, (nb, *shape),
+                                                  (stride, *torch.empty(shape).stride()),
+                                                  off // dt.itemsize))
+                    off += n * dt.itemsize
+                out[name] = views
+            else:
+                out[name] = raw.view(spec.dtype).view(2, nb, spec.block_size, spec.num_kv_heads,
+                                                      spec.head_size)
+    return out

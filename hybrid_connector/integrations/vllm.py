@@ -24,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
@@ -43,10 +44,6 @@ from hybrid_connector.integrations.vllm_worker import WorkerSide
 from hybrid_connector.ranks import LoadReport, RankWorker
 
 __all__ = ["HybridConnector", "HybridStartupError"]
-
-_SOURCES = {"device": CacheHitSource.HOST, "host": CacheHitSource.HOST,
-            "nvme": CacheHitSource.DISK, "remote": CacheHitSource.EXTERNAL_UNSPECIFIED}
-
 
 class HybridConnector(KVConnectorBase_V1, SupportsHMA):
     """See the module docstring. One instance per process: the scheduler role holds the
@@ -84,7 +81,7 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker = WorkerSide(self.geometry, self.groups, RankWorker(rank, Executor(tiers)),
                                      kv_cache_config.num_blocks)
         self._recving: set[str] = set()
-        self._invalid: set[int] = set()
+        self._failed: set[str] = set()
         self._load_reports: list[tuple[int, LoadReport]] = []
 
     # ================================================================ worker side
@@ -102,16 +99,12 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         are waiting for them (async hits), so nothing reads their blocks meanwhile."""
         assert self.worker is not None
         meta = self._meta()
-        bs = self.groups.block_size
         for job in meta.loads:
             rep, failed = self.worker.load(job)
             self._load_reports.append((job.job, rep))
             self._recving.add(job.req_id)
             if failed:
-                for g, _ in self.groups.attention:
-                    self._invalid.update(job.block_ids[g][job.start // bs : job.end // bs])
-                for g in self.groups.recurrent_groups:
-                    self._invalid.add(job.block_ids[g][job.end // bs - 1])
+                self._failed.add(job.req_id)
         self.worker.run_ops(meta.ops)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -127,12 +120,19 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker.save(job)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        res = self.get_transfer_results(finished_req_ids)
+        return None, res.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Loads done this step; a failed one is named in ``failed_recving`` (vLLM refuses
+        block-level ``invalid_block_ids`` with several KV cache groups: block ids repeat
+        across groups) and, with ``kv_load_failure_policy=recompute``, recomputed."""
         done, self._recving = self._recving, set()
-        return None, done or None
+        failed, self._failed = self._failed, set()
+        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        out, self._invalid = self._invalid, set()
-        return out
+        return set()  # failures go by request (get_transfer_results)
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         assert self.worker is not None

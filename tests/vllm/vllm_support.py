@@ -35,7 +35,7 @@ def tiny_nemotron_h(root: Path) -> Path:
 
 
 def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
-                policy: str = "recompute", num_blocks: int = 64) -> Any:
+                policy: str = "recompute", num_blocks: int = 64, max_len: int = 512) -> Any:
     from vllm.config import (
         CacheConfig,
         KVTransferConfig,
@@ -52,11 +52,11 @@ def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any
         "kv_role": "kv_both", "kv_load_failure_policy": policy,
         "kv_connector_extra_config": ex})))
     mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
-                     max_model_len=2048)
+                     max_model_len=max_len)
     cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
     cc.kv_cache_layout = LAYOUT  # what the engine core resolves for FlashAttention
     cc.num_gpu_blocks = num_blocks
-    sc = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=2048,
+    sc = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=max_len,
                          is_encoder_decoder=False)
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=ktc)
 

@@ -1,0 +1,141 @@
+"""HybridConnector against the real vLLM 0.33.0 (CPU, ``VLLM_TARGET_DEVICE=cpu``): loaded
+through vLLM's factory for both roles, fail-closed start-up, and vLLM's own Scheduler
+serving shared-prefix requests through the connector with every KV and state byte the
+"model" reads checked (``vllm_harness``)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+from hybrid_connector.integrations.vllm import HybridConnector, HybridStartupError  # noqa: E402
+
+YAML = """chunk_size: 64
+hash_block_size: 32
+alignment: 32
+pools:
+  host: {kv: 4MB, state: 2MB}
+replay: false
+"""
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("vllm")
+    y = root / "hybrid.yaml"
+    y.write_text(YAML)
+    model = s.tiny_nemotron_h(root)
+    vc = s.vllm_config(model, y)
+    return {"root": root, "yaml": y, "model": model, "vc": vc,
+            "cfg": s.kv_cache_config(vc, num_blocks=7)}
+
+
+def _worker(env: dict[str, Any], vc: Any | None = None) -> Any:
+    return KVConnectorFactory.create_connector(vc or env["vc"], KVConnectorRole.WORKER, env["cfg"])
+
+
+def test_the_factory_loads_both_roles_from_the_json_config(env: dict[str, Any]) -> None:
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        c = KVConnectorFactory.create_connector(env["vc"], role, env["cfg"])
+        assert isinstance(c, HybridConnector) and isinstance(c, KVConnectorBase_V1)
+        assert isinstance(c, SupportsHMA)
+        assert c.groups.block_size == s.BLOCK and len(c.groups.recurrent_groups) == 2
+        c.shutdown()
+
+
+def _with(env: dict[str, Any], yaml: str | None = None, policy: str = "recompute") -> Any:
+    vc = copy.deepcopy(env["vc"])
+    vc.kv_transfer_config.kv_load_failure_policy = policy
+    if yaml is not None:
+        p = Path(env["root"]) / f"bad{abs(hash(yaml))}.yaml"
+        p.write_text(yaml)
+        vc.kv_transfer_config.kv_connector_extra_config = {"config_file": str(p)}
+    return vc
+
+
+@pytest.mark.parametrize("case, match", [
+    ("policy", "kv_load_failure_policy"),
+    ("chunk", "not a multiple of vLLM's block size"),
+    ("model", "is not the served model"),
+    ("mamba_mode", "mamba_cache_mode"),
+    ("hma_off", "hybrid KV cache manager is disabled"),
+])
+def test_start_up_fails_closed(env: dict[str, Any], case: str, match: str) -> None:
+    vc = _with(env, policy="fail") if case == "policy" else _with(env)
+    if case == "chunk":
+        vc = _with(env, YAML.replace("chunk_size: 64", "chunk_size: 48").replace(": 32", ": 16"))
+    elif case == "model":
+        vc = _with(env, YAML + "model: qwen3.5-4b\n")
+    elif case == "mamba_mode":
+        vc.cache_config.mamba_cache_mode = "none"
+    elif case == "hma_off":
+        vc.scheduler_config.disable_hybrid_kv_cache_manager = True
+    with pytest.raises(HybridStartupError, match=match):
+        HybridConnector(vc, KVConnectorRole.SCHEDULER, env["cfg"])
+
+
+def _requests(seed: int, n: int = 8) -> list[Any]:
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 128, 300).tolist()
+    return [h.make_request(f"r{i}", base[: 120 + (i * 37) % 160] + rng.integers(0, 128, 20).tolist(), 6)
+            for i in range(n)]
+
+
+def _serve(env: dict[str, Any], connector: bool, evict_every: int = 2,
+           lose: bool = False) -> tuple[dict[str, list[int]], h.Runner, Any]:
+    vc = env["vc"] if connector else copy.deepcopy(env["vc"])
+    if not connector:
+        vc.kv_transfer_config = None
+    sched = h.make_scheduler(vc, env["cfg"])
+    worker = _worker(env) if connector else None
+    runner = h.Runner(env["cfg"], worker)
+    if lose:  # every object vanishes from the worker's tiers right after it is stored
+        ex = worker.worker.worker.executor
+        orig = ex.submit
+
+        def submit(ops, payloads, **kw):  # type: ignore[no-untyped-def]
+            def done(indices, results):  # type: ignore[no-untyped-def]
+                for t in ex.tiers.values():
+                    t.remove(list(t.held_keys()))
+                kw["done"](indices, results)
+            return orig(ops, payloads, **{**kw, "done": done})
+
+        ex.submit = submit
+    outs = h.run(sched, runner, _requests(3), evict_every=evict_every)
+    return outs, runner, sched
+
+
+def test_hits_through_vllms_scheduler_are_exact_and_save_compute(env: dict[str, Any]) -> None:
+    base_out, base_run, _ = _serve(env, connector=False)
+    outs, run, sched = _serve(env, connector=True)
+    assert base_run.bad == [] and run.bad == [], run.bad[:3]
+    assert outs == base_out                                   # same tokens generated
+    st = sched.connector.sched.stats
+    assert st.hits >= 3 and st.failed_loads == 0 and st.hit_tokens > 0
+    assert run.computed_tokens < base_run.computed_tokens     # the hits were not recomputed
+    assert base_run.computed_tokens - run.computed_tokens == st.loaded_tokens
+    sched.connector.sched.index.check_integrity()
+
+
+def test_a_load_that_fails_on_the_worker_is_recomputed(env: dict[str, Any]) -> None:
+    base_out, base_run, _ = _serve(env, connector=False)
+    outs, run, sched = _serve(env, connector=True, lose=True)
+    st = sched.connector.sched.stats
+    assert run.bad == [] and outs == base_out
+    assert st.failed_loads >= 1 and st.hits == 0
+    assert run.computed_tokens >= base_run.computed_tokens   # every failed hit recomputed

@@ -1,0 +1,207 @@
+"""vLLM's own ``Scheduler`` driving our connector on CPU, with a runner that executes each
+``SchedulerOutput`` on paged buffers the way vLLM's GPU model runner does in align mode.
+
+The runner's "model" is a deterministic function of the token prefix (so every byte a
+request reads can be checked): the KV of position t is ``kv_value(tokens[:t + 1])`` and the
+recurrent state after t tokens is ``state_value(tokens[:t])``. Before computing a step it
+checks what a model would read: KV of ``[0, computed)`` in the request's attention blocks
+and the state in block ``(computed - 1) // block_size`` of every Mamba group (the block
+``preprocess_mamba`` copies forward); after it, it writes the new KV and the new state into
+block ``cdiv(computed + scheduled, block_size) - 1`` (align mode's running block). A wrong
+or stale byte loaded by the connector fails the check, whatever the sampled tokens.
+
+This is the scheduler-and-bytes half of the end-to-end harness; the transformers model
+runner (real logits) is the other half (issue 11, still open).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from vllm_support import BLOCK, allocate
+
+
+def _digest(h: bytes, tag: bytes, n: int) -> torch.Tensor:
+    raw = hashlib.shake_256(h + tag).digest(n)
+    return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).astype(np.float32))
+
+
+@dataclass
+class Req:
+    tokens: list[int]
+    block_ids: list[list[int]]
+    computed: int = 0
+    chain: list[bytes] = field(default_factory=lambda: [b""])  # chain[t]: hash of tokens[:t]
+
+    def h(self, t: int) -> bytes:
+        while len(self.chain) <= t:
+            i = len(self.chain) - 1
+            self.chain.append(hashlib.blake2b(self.chain[-1] + self.tokens[i].to_bytes(8, "little"),
+                                              digest_size=16).digest())
+        return self.chain[t]
+
+
+class Runner:
+    """Executes scheduler outputs on paged buffers (see the module docstring)."""
+
+    def __init__(self, cfg: Any, connector: Any | None, vocab: int = 128) -> None:
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        self.cfg = cfg
+        self.bufs = allocate(cfg, seed=1)
+        self.connector = connector
+        if connector is not None:
+            connector.register_kv_caches(self.bufs)
+        self.vocab = vocab
+        self.reqs: dict[str, Req] = {}
+        self.attn = [(g, n) for g, grp in enumerate(cfg.kv_cache_groups) for n in grp.layer_names
+                     if not isinstance(grp.kv_cache_spec, MambaSpec)]
+        self.mamba = [(g, n) for g, grp in enumerate(cfg.kv_cache_groups) for n in grp.layer_names
+                      if isinstance(grp.kv_cache_spec, MambaSpec)]
+        self.checked_tokens = 0
+        self.computed_tokens = 0
+        self.bad: list[str] = []
+
+    # ------------------------------------------------------------ the "model"
+    def _kv(self, r: Req, t: int, shape: torch.Size, layer: str) -> torch.Tensor:
+        return _digest(r.h(t + 1), layer.encode(), shape.numel()).view(shape)
+
+    def _state(self, r: Req, t: int, tensor: torch.Tensor, layer: str, j: int) -> torch.Tensor:
+        shape = tensor.shape[1:]
+        return _digest(r.h(t), f"{layer}.s{j}".encode(), shape.numel()).view(shape).to(tensor.dtype)
+
+    def _check(self, rid: str, r: Req) -> None:
+        c = r.computed
+        for g, name in self.attn:
+            cache = self.bufs[name]
+            for t in range(c):
+                blk, slot = r.block_ids[g][t // BLOCK], t % BLOCK
+                want = self._kv(r, t, cache[:, 0, 0].shape, name)
+                if not torch.equal(cache[:, blk, slot], want):
+                    self.bad.append(f"{rid}: KV of token {t} in {name}")
+                    return
+        if c:
+            for g, name in self.mamba:
+                blk = r.block_ids[g][(c - 1) // BLOCK]
+                for j, ts in enumerate(self.bufs[name]):
+                    if not torch.equal(ts[blk], self._state(r, c, ts, name, j)):
+                        self.bad.append(f"{rid}: state at {c} in {name}.s{j} (block {blk})")
+                        return
+        self.checked_tokens += c
+
+    def _compute(self, r: Req, n: int) -> None:
+        c = r.computed
+        for g, name in self.attn:
+            cache = self.bufs[name]
+            for t in range(c, c + n):
+                cache[:, r.block_ids[g][t // BLOCK], t % BLOCK] = self._kv(r, t, cache[:, 0, 0].shape, name)
+        end = c + n
+        self.computed_tokens += n
+        for g, name in self.mamba:
+            blk = r.block_ids[g][-(-end // BLOCK) - 1]
+            for j, ts in enumerate(self.bufs[name]):
+                ts[blk] = self._state(r, end, ts, name, j)
+        r.computed = end
+
+    def _sample(self, r: Req) -> int:
+        return int.from_bytes(r.h(len(r.tokens))[:4], "little") % self.vocab
+
+    # ------------------------------------------------------------ one step
+    def step(self, so: Any) -> Any:
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+
+        for nr in so.scheduled_new_reqs:
+            self.reqs[nr.req_id] = Req(list(nr.prompt_token_ids), [list(b) for b in nr.block_ids],
+                                       nr.num_computed_tokens)
+        cd = so.scheduled_cached_reqs
+        for i, rid in enumerate(cd.req_ids):
+            r = self.reqs[rid]
+            if rid in cd.resumed_req_ids:
+                r.block_ids = [list(b) for b in cd.new_block_ids[i]]
+                r.tokens = list(cd.all_token_ids.get(rid, r.tokens))
+            elif cd.new_block_ids[i] is not None:
+                for g, ids in enumerate(cd.new_block_ids[i]):
+                    r.block_ids[g].extend(ids)
+            r.computed = cd.num_computed_tokens[i]
+        for rid in so.finished_req_ids:
+            self.reqs.pop(rid, None)
+        conn = self.connector
+        out = None
+        if conn is not None:  # the order of vLLM's KVConnectorModelRunnerMixin
+            conn.bind_connector_metadata(so.kv_connector_metadata)
+            if so.has_sync_kv_loads:
+                conn.start_load_kv(None)
+        ids = list(so.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for rid in ids:
+            r = self.reqs[rid]
+            self._check(rid, r)
+            self._compute(r, so.num_scheduled_tokens[rid])
+            if r.computed >= len(r.tokens):
+                tok = self._sample(r)
+                r.tokens.append(tok)
+                sampled.append([tok])
+            else:
+                sampled.append([])
+        if conn is not None:
+            if not so.has_sync_kv_loads:
+                conn.start_load_kv(None)
+            conn.wait_for_save()
+            res = conn.get_transfer_results(set(so.finished_req_ids))
+            out = KVConnectorOutput(finished_sending=res.finished_sending,
+                                    finished_recving=res.finished_recving,
+                                    failed_recving=res.failed_recving,
+                                    invalid_block_ids=conn.get_block_ids_with_load_errors(),
+                                    kv_connector_worker_meta=conn.build_connector_worker_meta())
+            conn.clear_connector_metadata()
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                 sampled_token_ids=sampled, kv_connector_output=out)
+
+
+def make_scheduler(vc: Any, cfg: Any) -> Any:
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    return Scheduler(vc, cfg, StructuredOutputManager(vc), BLOCK, log_stats=True)
+
+
+def make_request(rid: str, prompt: list[int], max_tokens: int) -> Any:
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return Request(rid, prompt, sp, None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
+        evict_every: int = 0) -> dict[str, list[int]]:
+    """Serve ``requests`` one after another (each added when the previous finished, so
+    later ones can hit on earlier ones); returns the tokens generated per request.
+    ``evict_every``: empty vLLM's own prefix cache before every n-th request (what a busy
+    engine's device cache does to an old prefix), so hits must come from the connector."""
+    outs: dict[str, list[int]] = {}
+    for i, req in enumerate(requests):
+        if evict_every and i and i % evict_every == 0:
+            assert sched.reset_prefix_cache()
+        sched.add_request(req)
+        for _ in range(max_steps):
+            so = sched.schedule()
+            mro = runner.step(so)
+            eco = sched.update_from_output(so, mro)
+            for o in (x for e in eco.values() for x in e.outputs):
+                outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if not sched.has_unfinished_requests():
+                break
+        else:
+            raise AssertionError("scheduler did not finish")
+    so = sched.schedule()  # one more step: the last saves' reports come back
+    sched.update_from_output(so, runner.step(so))
+    return outs

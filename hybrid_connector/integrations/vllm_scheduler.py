@@ -203,12 +203,12 @@ class SchedulerSide:
                     if not left:
                         del self._open[rep.ticket]
                         self.gather.forget_ticket(rep.ticket)
-        for job, rep in meta.load_reports:
+        for job, load in meta.load_reports:
             entry = self._leases.get(job)
             if entry is None:
                 continue
             plan, lease = entry
-            failed = self.gather.load_report(plan, rep) if lease is not None else ()
+            failed = self.gather.load_report(plan, load) if lease is not None else ()
             if failed is None:
                 continue  # other ranks still to report
             del self._leases[job]

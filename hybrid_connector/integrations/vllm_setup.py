@@ -68,7 +68,8 @@ def geometry_of(vllm_config: VllmConfig, config: HybridConfig) -> ModelGeometry:
     """The geometry of the served model, per TP rank, in vLLM's cache dtypes. A ``model``
     in the YAML must agree with the one derived from the model's own config."""
     mc = vllm_config.model_config
-    dtype = _dtype_name(vllm_config.cache_config.cache_dtype, mc.dtype)
+    model_dtype = mc.dtype if isinstance(mc.dtype, torch.dtype) else torch.float16
+    dtype = _dtype_name(vllm_config.cache_config.cache_dtype, model_dtype)
     ssm = vllm_config.cache_config.mamba_ssm_cache_dtype
     state_dtype = _dtype_name(ssm, torch.float32) if ssm != "auto" else None
     tp = vllm_config.parallel_config.tensor_parallel_size

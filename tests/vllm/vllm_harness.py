@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from vllm_support import BLOCK, allocate
 
 

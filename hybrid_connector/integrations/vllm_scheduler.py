@@ -56,6 +56,7 @@ class Counters:
     loads: int = 0
     loaded_tokens: int = 0
     failed_loads: int = 0
+    hits_without_state: int = 0  # must stay 0 for a hybrid model (the hit rule)
     saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -121,6 +122,8 @@ class SchedulerSide:
         self._leases[job] = (plan, lease)
         self.stats.loads += 1
         self.stats.loaded_tokens += end - local
+        if lease is not None and self.groups.recurrent and plan.state is None:
+            self.stats.hits_without_state += 1
         for o in objs:
             self.stats.hit_sources[o.tier] += 1
 

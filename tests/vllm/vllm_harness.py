@@ -35,6 +35,7 @@ class Req:
     tokens: list[int]
     block_ids: list[list[int]]
     computed: int = 0
+    verified: bool = False
     chain: list[bytes] = field(default_factory=lambda: [b""])  # chain[t]: hash of tokens[:t]
 
     def h(self, t: int) -> bytes:
@@ -64,6 +65,7 @@ class Runner:
                       if isinstance(grp.kv_cache_spec, MambaSpec)]
         self.checked_tokens = 0
         self.computed_tokens = 0
+        self.preempted = 0
         self.bad: list[str] = []
 
     # ------------------------------------------------------------ the "model"
@@ -120,9 +122,11 @@ class Runner:
         cd = so.scheduled_cached_reqs
         for i, rid in enumerate(cd.req_ids):
             r = self.reqs[rid]
-            if rid in cd.resumed_req_ids:
+            if rid in cd.resumed_req_ids:  # after a preemption: a new block table
+                self.preempted += 1
                 r.block_ids = [list(b) for b in cd.new_block_ids[i]]
                 r.tokens = list(cd.all_token_ids.get(rid, r.tokens))
+                r.verified = False
             elif cd.new_block_ids[i] is not None:
                 for g, ids in enumerate(cd.new_block_ids[i]):
                     r.block_ids[g].extend(ids)
@@ -202,5 +206,36 @@ def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
         else:
             raise AssertionError("scheduler did not finish")
     so = sched.schedule()  # one more step: the last saves' reports come back
+    sched.update_from_output(so, runner.step(so))
+    return outs
+
+
+def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 3,
+              abort: dict[str, int] | None = None, max_steps: int = 5000) -> dict[str, list[int]]:
+    """Serve ``requests`` concurrently: one arrives every ``arrive_every`` steps, so prefills
+    are chunked, batched with decodes and preempted when blocks run out; ``abort[rid]`` is
+    the step at which request ``rid`` is aborted (if still running). Returns the tokens
+    generated per request."""
+    from vllm.v1.request import RequestStatus
+
+    outs: dict[str, list[int]] = {}
+    pending = list(requests)
+    abort = dict(abort or {})
+    for step in range(max_steps):
+        if pending and step % arrive_every == 0:
+            sched.add_request(pending.pop(0))
+        for rid, at in list(abort.items()):
+            if at == step:
+                sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+                del abort[rid]
+        if not pending and not sched.has_unfinished_requests():
+            break
+        so = sched.schedule()
+        eco = sched.update_from_output(so, runner.step(so))
+        for o in (x for e in eco.values() for x in e.outputs):
+            outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+    else:
+        raise AssertionError("scheduler did not finish")
+    so = sched.schedule()
     sched.update_from_output(so, runner.step(so))
     return outs

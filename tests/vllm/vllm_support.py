@@ -34,6 +34,29 @@ def tiny_nemotron_h(root: Path) -> Path:
     return d
 
 
+def tiny_qwen3_next(root: Path) -> Path:
+    """A Qwen3-Next config directory (the GDN + gated attention layers Qwen3.5 is built
+    from; vLLM's Qwen3.5 module imports torchvision, which has no build for this CPU torch):
+    layers GDN, GDN, GDN, attention."""
+    from transformers import Qwen3NextConfig
+
+    c = Qwen3NextConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
+                        num_experts_per_tok=2, moe_intermediate_size=32,
+                        shared_expert_intermediate_size=32,
+                        layer_types=["linear_attention"] * 3 + ["full_attention"],
+                        max_position_embeddings=4096)
+    c.architectures = ["Qwen3NextForCausalLM"]
+    d = root / "qwen3_next"
+    c.save_pretrained(d)
+    return d
+
+
+MODELS = {"nemotron_h": tiny_nemotron_h, "qwen3_next": tiny_qwen3_next}
+
+
 def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
                 policy: str = "recompute", num_blocks: int = 64, max_len: int = 512) -> Any:
     from vllm.config import (
@@ -64,6 +87,7 @@ def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any
 def layer_specs(vc: Any) -> dict[str, Any]:
     """``{layer name: KVCacheSpec}`` as vLLM's attention and Mamba layers build them."""
     from vllm.model_executor.models.registry import ModelRegistry
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum as Backends
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     mc = vc.model_config
@@ -71,18 +95,21 @@ def layer_specs(vc: Any) -> dict[str, Any]:
     shapes = cls.get_mamba_state_shape_from_config(vc)
     dtypes = cls.get_mamba_state_dtype_from_config(vc)
     hf = mc.hf_text_config
+    mamba_type = Backends.GDN_ATTN if "Qwen3Next" in mc.architectures[0] else Backends.MAMBA2
     attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=hf.num_key_value_heads,
                              head_size=hf.head_dim, dtype=torch.float32)
     state = sum(torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
     assert attn.page_size_bytes >= state, "raise BLOCK: vLLM pads the state page to the KV page"
     out: dict[str, Any] = {}
-    for i, kind in enumerate(hf.layers_block_type):
+    kinds = getattr(hf, "layers_block_type", None) or hf.layer_types
+    for i, kind in enumerate(kinds):
         if kind in ("attention", "full_attention"):
             out[f"model.layers.{i}.mixer.attn"] = attn
         elif kind in ("mamba", "linear_attention"):
             out[f"model.layers.{i}.mixer"] = MambaSpec(
                 block_size=BLOCK, shapes=tuple(shapes), dtypes=tuple(dtypes),
-                page_size_padded=attn.page_size_bytes, mamba_cache_mode="align")
+                page_size_padded=attn.page_size_bytes, mamba_type=mamba_type,
+                mamba_cache_mode="align")
     return out
 
 

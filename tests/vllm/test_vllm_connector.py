@@ -139,3 +139,39 @@ def test_a_load_that_fails_on_the_worker_is_recomputed(env: dict[str, Any]) -> N
     assert run.bad == [] and outs == base_out
     assert st.failed_loads >= 1 and st.hits == 0
     assert run.computed_tokens >= base_run.computed_tokens   # every failed hit recomputed
+
+
+TIER_YAML = {
+    "host": "pools:\n  host: {{kv: 4MB, state: 2MB}}\n",
+    "disk": ("local_cpu: false\nlocal_disk: {dir}\nmax_local_disk_size: 8MB\ndisk_fsync: false\n"
+             "pools:\n  disk: {{kv: 4MB, state: 4MB}}\n"),
+    "redis": "local_cpu: false\nremote_url: {url}\npools:\n  remote: {{kv: 8MB, state: 8MB}}\n",
+    "lm": "local_cpu: false\nremote_url: {url}\npools:\n  remote: {{kv: 8MB, state: 8MB}}\n",
+}
+TIER_NAME = {"host": "host", "disk": "nvme", "redis": "remote", "lm": "remote"}
+
+
+@pytest.mark.parametrize("tier", list(TIER_YAML))
+def test_blocks_saved_and_loaded_into_other_blocks_are_bit_identical_through_every_tier(
+        env: dict[str, Any], tier: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Every tier alone: each request's KV blocks and state pages, saved from the blocks vLLM
+    gave it, come back into the blocks vLLM gives a later request, byte for byte (the
+    runner checks every byte it reads)."""
+    url = ""
+    if tier in ("redis", "lm"):
+        url = request.getfixturevalue("redis_server" if tier == "redis" else "lmcache_server")
+    y = tmp_path / f"{tier}.yaml"
+    y.write_text(YAML.split("pools:")[0] + TIER_YAML[tier].format(dir=tmp_path / "nvme", url=url))
+    vc = copy.deepcopy(env["vc"])
+    vc.kv_transfer_config.kv_connector_extra_config = {"config_file": str(y)}
+    sched = h.make_scheduler(vc, env["cfg"])
+    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, env["cfg"])
+    runner = h.Runner(env["cfg"], worker)
+    try:
+        h.run(sched, runner, _requests(3), evict_every=1)
+    finally:
+        worker.shutdown()
+    st = sched.connector.sched.stats
+    assert runner.bad == [], runner.bad[:3]
+    assert st.hits >= 3 and st.failed_loads == 0
+    assert set(st.hit_sources) == {TIER_NAME[tier]}

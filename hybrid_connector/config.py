@@ -10,8 +10,8 @@ LMCache meaning), bytes everywhere else; a size must be finite, >= 0 and at most
 (anything larger is a unit mistake).
 
 Every accepted key is honoured or rejected: keys of a tier that is not configured, the
-LMCache keys this version does not implement yet (``save_decode_cache``,
-``use_layerwise``: only their defaults load) and contradictions
+LMCache keys this version does not implement yet (``use_layerwise``: only its default
+loads) and contradictions
 (``local_cpu: false`` with ``pools.host``) are errors. ``extra_config`` is a free mapping
 for integrations; nothing in the core or the tiers reads it.
 """
@@ -99,7 +99,7 @@ def _zstd_spec(value: object) -> object:
 
 
 # LMCache keys nothing honours yet (the vLLM connector will): only their defaults load.
-NOT_HONOURED = ("save_decode_cache", "use_layerwise")
+NOT_HONOURED = ("use_layerwise",)
 # Tier keys that used to be read from ``extra_config``; moved to typed top-level keys.
 LEGACY_EXTRA = ("disk_zstd", "disk_fsync", "disk_verify_reads", "remote_timeout_s")
 
@@ -145,7 +145,7 @@ class HybridConfig(_Strict):
     max_local_disk_size: GBytes = 0
     remote_url: str | None = None
     remote_serde: Literal["naive", "zstd"] = "naive"
-    save_decode_cache: bool = False
+    save_decode_cache: bool = False  # vLLM connector: also save KV and states of generated tokens
     use_layerwise: bool = False
     # --- hybrid keys ---
     model: str | None = None  # preset name or path to a model geometry YAML

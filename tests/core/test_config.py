@@ -116,7 +116,6 @@ def test_alpha_and_grid_must_be_finite_and_non_negative(tmp_path, text, key):
 
 
 @pytest.mark.parametrize("text, key", [
-    ("save_decode_cache: true\n", "save_decode_cache"),
     ("use_layerwise: true\n", "use_layerwise"),
 ])
 def test_unhonoured_lmcache_keys_accept_only_their_defaults(tmp_path, text, key):

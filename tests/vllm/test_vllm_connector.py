@@ -175,3 +175,26 @@ def test_blocks_saved_and_loaded_into_other_blocks_are_bit_identical_through_eve
     assert runner.bad == [], runner.bad[:3]
     assert st.hits >= 3 and st.failed_loads == 0
     assert set(st.hit_sources) == {TIER_NAME[tier]}
+
+
+@pytest.mark.parametrize("decode, retention", [(False, None), (True, 0), (True, None), (True, 64)])
+def test_save_decode_cache_lets_the_next_turn_hit_past_the_last_prompt(
+        env: dict[str, Any], tmp_path: Path, decode: bool, retention: int | None) -> None:
+    """Generated tokens' KV and states are saved with ``save_decode_cache``, at the
+    boundaries vLLM offers: none during decode with its default retention interval 0."""
+    y = tmp_path / "turns.yaml"
+    y.write_text(YAML + f"save_decode_cache: {str(decode).lower()}\n")
+    vc = s.vllm_config(env["model"], y, retention=retention)
+    cfg = s.kv_cache_config(vc, num_blocks=7)
+    sched = h.make_scheduler(vc, cfg)
+    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
+    runner = h.Runner(cfg, worker)
+    turn1 = np.random.default_rng(9).integers(0, 128, 150).tolist()
+    out = h.run(sched, runner, [h.make_request("t1", turn1, 70)])["t1"]
+    assert sched.reset_prefix_cache()          # the device cache forgot the first turn
+    turn2 = turn1 + out + [5, 6, 7]
+    h.run(sched, runner, [h.make_request("t2", turn2, 4)])
+    worker.shutdown()
+    st = sched.connector.sched.stats
+    assert runner.bad == [] and st.hits == 1
+    assert (st.hit_tokens > len(turn1)) == (decode and retention != 0)  # the answer was saved

@@ -58,7 +58,11 @@ MODELS = {"nemotron_h": tiny_nemotron_h, "qwen3_next": tiny_qwen3_next}
 
 
 def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
-                policy: str = "recompute", num_blocks: int = 64, max_len: int = 512) -> Any:
+                policy: str = "recompute", num_blocks: int = 64, max_len: int = 512,
+                retention: int | None = 0) -> Any:
+    """``retention``: vLLM's ``prefix_cache_retention_interval`` (0, its default: only the
+    "semantic" boundaries such as a prompt's end are kept and offered to connectors; N: also
+    every N tokens; None: every block boundary)."""
     from vllm.config import (
         CacheConfig,
         KVTransferConfig,
@@ -79,6 +83,7 @@ def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any
     cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
     cc.kv_cache_layout = LAYOUT  # what the engine core resolves for FlashAttention
     cc.num_gpu_blocks = num_blocks
+    cc.prefix_cache_retention_interval = retention
     sc = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=max_len,
                          is_encoder_decoder=False)
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=ktc)

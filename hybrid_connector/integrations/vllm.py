@@ -40,6 +40,7 @@ from hybrid_connector.integrations.vllm_setup import (
     groups_of,
     hybrid_config,
 )
+from hybrid_connector.integrations.vllm_stats import HybridPromMetrics, HybridStats
 from hybrid_connector.integrations.vllm_worker import WorkerSide
 from hybrid_connector.ranks import LoadReport, RankWorker
 
@@ -171,9 +172,28 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int
                                        ) -> dict[CacheHitSource, int]:
-        if num_external_tokens == 0:
+        """The external tokens by the tier they were loaded from (vLLM's per-source hit
+        metrics)."""
+        if num_external_tokens == 0 or self.sched is None:
             return {}
-        return {CacheHitSource.HOST: num_external_tokens}
+        got = self.sched.sources.get(request.request_id)
+        if not got or sum(got.values()) != num_external_tokens:
+            return {CacheHitSource.EXTERNAL_UNSPECIFIED: num_external_tokens}
+        return dict(got)
+
+    # ================================================================ telemetry
+    def get_kv_connector_stats(self) -> HybridStats | None:
+        return self.worker.take_stats() if self.worker is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> HybridStats | None:
+        return HybridStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict[type, type],
+                           labelnames: list[str], per_engine_labelvalues: dict[int, list[object]]
+                           ) -> HybridPromMetrics:
+        return HybridPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     @property
     def requires_kv_delivery(self) -> bool:

@@ -35,6 +35,7 @@ from hybrid_connector.integrations.vllm_meta import (
     SaveObject,
 )
 from hybrid_connector.integrations.vllm_setup import Groups
+from hybrid_connector.integrations.vllm_stats import hit_sources
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import LoadPlan, ObjectSpec
@@ -84,6 +85,7 @@ class SchedulerSide:
         self._states_saved: dict[str, set[int]] = defaultdict(set)
         self._offers: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
         self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
+        self.sources: dict[str, dict[Any, int]] = {}  # request -> external tokens by tier
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
@@ -126,6 +128,10 @@ class SchedulerSide:
             self.stats.hits_without_state += 1
         for o in objs:
             self.stats.hit_sources[o.tier] += 1
+        kv = [o for o in objs if o.ref.key.kind is ObjectKind.KV]
+        self.sources[request.request_id] = hit_sources(
+            [o.tier for o in kv], [(o.ref.key.start, o.ref.key.end) for o in kv], local, end,
+            plan.state.tier if plan.state is not None else None)
 
     # ---------------------------------------------------------------- saves
     def _admitted_states(self, rid: str, toks: np.ndarray, upto: int, cap: int) -> list[int]:
@@ -226,7 +232,8 @@ class SchedulerSide:
     def finished(self, request: Any) -> None:
         """vLLM's ``request_finished``: forget the request (its saves are copied already)."""
         rid = request.request_id
-        for d in (self._requests, self._hits, self._kv_saved, self._states_saved, self._offers):
+        for d in (self._requests, self._hits, self._kv_saved, self._states_saved, self._offers,
+                  self.sources):
             d.pop(rid, None)
         self.index.finish(self.tokens(request), request.num_prompt_tokens)
 

@@ -28,6 +28,7 @@ import torch
 import kernels
 from hybrid_connector.integrations.vllm_meta import LoadJob, SaveJob, SaveObject
 from hybrid_connector.integrations.vllm_setup import Groups, HybridStartupError, layer_index
+from hybrid_connector.integrations.vllm_stats import HybridStats
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.layers import TensorSpec
 from hybrid_connector.layout import PayloadLayout, kv_layout
@@ -61,6 +62,7 @@ class WorkerSide:
         self.state_layout: PayloadLayout | None = None
         self._lock = threading.Lock()
         self._reports: list[OpReport] = []
+        self.stats = HybridStats()
 
     # ---------------------------------------------------------------- registration
     def register(self, caches: Mapping[str, torch.Tensor | Sequence[torch.Tensor]]) -> None:
@@ -158,9 +160,11 @@ class WorkerSide:
     def load(self, job: LoadJob) -> tuple[LoadReport, bool]:
         """Run one load; returns this rank's report and whether the load failed here."""
         if not job.keys:
+            self.stats.add("failed_loads")
             return LoadReport(job.job, self.worker.rank), True
         got, rep = self.worker.load(job.job, job.keys, job.tiers, job.sizes)
         if rep.failed:
+            self.stats.add("failed_loads")
             return rep, True
         bs = self.groups.block_size
         try:
@@ -175,7 +179,12 @@ class WorkerSide:
                     self.scatter_state(data, blk)
         except (ValueError, RuntimeError, IndexError):
             log.exception("load of request %s failed on rank %d", job.req_id, self.worker.rank)
+            self.stats.add("failed_loads")
             return LoadReport(job.job, self.worker.rank, tuple(job.keys), ()), True
+        self.stats.add("load_jobs")
+        self.stats.add("loaded_bytes", sum(job.sizes))
+        for tier in job.tiers:
+            self.stats.add(f"loaded_from_{tier}")
         return rep, False
 
     def payload(self, job: SaveJob, obj: SaveObject) -> torch.Tensor:
@@ -188,6 +197,8 @@ class WorkerSide:
         payloads: dict[ObjectKey, torch.Tensor] = {}
         for obj in job.objects:
             payloads[obj.key] = self.payload(job, obj)
+            self.stats.add("saved_objects")
+            self.stats.add("saved_bytes", payloads[obj.key].numel() * payloads[obj.key].element_size())
         self.worker.run(job.batch, payloads, self._report)
 
     def run_ops(self, batches: Sequence[object]) -> None:
@@ -197,6 +208,11 @@ class WorkerSide:
     def _report(self, rep: OpReport) -> None:
         with self._lock:
             self._reports.append(rep)
+
+    def take_stats(self) -> HybridStats | None:
+        """This interval's counters (None when nothing happened); starts a new interval."""
+        out, self.stats = self.stats, HybridStats()
+        return None if out.is_empty() else out
 
     def take_reports(self) -> list[OpReport]:
         with self._lock:

@@ -198,3 +198,32 @@ def test_save_decode_cache_lets_the_next_turn_hit_past_the_last_prompt(
     st = sched.connector.sched.stats
     assert runner.bad == [] and st.hits == 1
     assert (st.hit_tokens > len(turn1)) == (decode and retention != 0)  # the answer was saved
+
+
+def test_stats_reach_vllms_logging_and_prometheus_with_hit_sources(env: dict[str, Any]) -> None:
+    from prometheus_client import REGISTRY
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging, KVConnectorProm
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+    sched = h.make_scheduler(env["vc"], env["cfg"])
+    runner = h.Runner(env["cfg"], _worker(env))
+    h.run(sched, runner, _requests(3), evict_every=1)
+    runner.connector.shutdown()
+    logging_ = KVConnectorLogging(env["vc"].kv_transfer_config)
+    prom = KVConnectorProm(env["vc"], ["model_name", "engine"], {0: ["tiny", "0"]})
+    by_source: dict[Any, int] = {}
+    for st in runner.sched_stats:
+        if st.kv_connector_stats:
+            logging_.observe(st.kv_connector_stats)
+            prom.observe(st.kv_connector_stats, 0)
+        cp = st.connector_prefix_cache_stats
+        for src, n in ((cp.hits_by_source or {}) if cp is not None else {}).items():
+            by_source[src] = by_source.get(src, 0) + n
+    st = sched.connector.sched.stats
+    totals = logging_.transfer_stats_accumulator.reduce()
+    assert totals["load_jobs"] == st.hits >= 3 and totals["saved_objects"] > 0
+    assert totals["loaded_from_host"] > 0 and totals.get("failed_loads", 0) == 0
+    got = REGISTRY.get_sample_value("vllm:hybrid_connector_load_jobs_total",
+                                    {"model_name": "tiny", "engine": "0"})
+    assert got == totals["load_jobs"]
+    assert by_source == {CacheHitSource.HOST: st.loaded_tokens}

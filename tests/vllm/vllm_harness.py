@@ -66,6 +66,7 @@ class Runner:
         self.checked_tokens = 0
         self.computed_tokens = 0
         self.preempted = 0
+        self.sched_stats: list[Any] = []  # vLLM's SchedulerStats of every step (log_stats)
         self.bad: list[str] = []
 
     # ------------------------------------------------------------ the "model"
@@ -160,6 +161,7 @@ class Runner:
                                     finished_recving=res.finished_recving,
                                     failed_recving=res.failed_recving,
                                     invalid_block_ids=conn.get_block_ids_with_load_errors(),
+                                    kv_connector_stats=conn.get_kv_connector_stats(),
                                     kv_connector_worker_meta=conn.build_connector_worker_meta())
             conn.clear_connector_metadata()
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -184,6 +186,12 @@ def make_request(rid: str, prompt: list[int], max_tokens: int) -> Any:
     return Request(rid, prompt, sp, None, block_hasher=get_request_block_hasher(BLOCK, sha256))
 
 
+def _keep_stats(runner: Any, eco: Any) -> None:
+    for e in eco.values():
+        if e.scheduler_stats is not None and hasattr(runner, "sched_stats"):
+            runner.sched_stats.append(e.scheduler_stats)
+
+
 def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
         evict_every: int = 0) -> dict[str, list[int]]:
     """Serve ``requests`` one after another (each added when the previous finished, so
@@ -199,6 +207,7 @@ def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
             so = sched.schedule()
             mro = runner.step(so)
             eco = sched.update_from_output(so, mro)
+            _keep_stats(runner, eco)
             for o in (x for e in eco.values() for x in e.outputs):
                 outs.setdefault(o.request_id, []).extend(o.new_token_ids)
             if not sched.has_unfinished_requests():
@@ -206,7 +215,7 @@ def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
         else:
             raise AssertionError("scheduler did not finish")
     so = sched.schedule()  # one more step: the last saves' reports come back
-    sched.update_from_output(so, runner.step(so))
+    _keep_stats(runner, sched.update_from_output(so, runner.step(so)))
     return outs
 
 
@@ -232,6 +241,7 @@ def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 
             break
         so = sched.schedule()
         eco = sched.update_from_output(so, runner.step(so))
+        _keep_stats(runner, eco)
         for o in (x for e in eco.values() for x in e.outputs):
             outs.setdefault(o.request_id, []).extend(o.new_token_ids)
     else:

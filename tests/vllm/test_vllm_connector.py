@@ -202,7 +202,10 @@ def test_save_decode_cache_lets_the_next_turn_hit_past_the_last_prompt(
 
 def test_stats_reach_vllms_logging_and_prometheus_with_hit_sources(env: dict[str, Any]) -> None:
     from prometheus_client import REGISTRY
-    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging, KVConnectorProm
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+        KVConnectorLogging,
+        KVConnectorProm,
+    )
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
     sched = h.make_scheduler(env["vc"], env["cfg"])

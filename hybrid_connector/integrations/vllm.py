@@ -197,7 +197,18 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
 
     @property
     def requires_kv_delivery(self) -> bool:
-        return False
+        return False  # a best-effort cache: a dropped save is a future miss
+
+    @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        """Off unless ``extra_config: {divergent_hits: true}``. When on, vLLM passes its
+        local full-attention hit even where it runs deeper than its Mamba hit; a hit
+        reported here carries the exact state at its end, so the lagging recurrent groups
+        are restored, and vLLM's deeper attention blocks count too. But a hit can only be
+        reported past the attention hit: where our state lies between vLLM's Mamba and
+        attention hits, vLLM reconciles down and our hit is lost (measured in
+        tests/vllm: 3+ hits became 0-1 on the concurrent traces), hence off by default."""
+        return bool(self.config.extra_config.get("divergent_hits", False))
 
     def shutdown(self) -> None:
         if self.sched is not None:

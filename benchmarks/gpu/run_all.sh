@@ -11,8 +11,10 @@
 #   4. runs tests/kernels (CPU tests + CUDA-vs-torch bit-identity + stream ordering)
 #   5. benchmarks/gpu/bench_kernels_gpu.py: kernel bandwidth / device copy_ bandwidth
 #   6. benchmarks/gpu/bench_overlap.py: share of a layer-wise fetch hidden under compute
+#   7. benchmarks/gpu/vllm_serve_check.py (when vllm imports): `vllm serve` of a tiny hybrid
+#      model with and without HybridConnector: same outputs, connector loads, TTFT ratio
 #
-# Every step has its own timeout (sum < 8 min on one H200); a failing step does not
+# Every step has its own timeout (sum < 8 min on one H200, 15 with the vllm_serve step); a failing step does not
 # stop the later ones; the exit status is non-zero if any step failed. Logs go to
 # $HC_GPU_OUT (default: $OUT if set, else /tmp/hc_gpu) as well as stdout.
 set -uo pipefail
@@ -82,6 +84,11 @@ fi
 step tests 150 "$py" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --timeout=120
 step bench_kernels 100 "$py" benchmarks/gpu/bench_kernels_gpu.py $quick
 step bench_overlap 80 "$py" benchmarks/gpu/bench_overlap.py $quick
+if "$py" -c 'import vllm' >/dev/null 2>&1; then
+  step vllm_serve 420 "$py" benchmarks/gpu/vllm_serve_check.py --timeout 240
+else
+  echo "== vllm_serve: skipped (vllm does not import in $py)"
+fi
 
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "run_all: FAILED: ${failed[*]}"

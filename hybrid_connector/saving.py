@@ -183,6 +183,9 @@ class Saver:
         written to the shared tier is announced there too (``hybrid_connector.manifests``)."""
         ix = self.ix
         with ix.backend.lock:
+            if key in ix.ledger.entries and key not in ix.where:
+                # an orphan of this key (a warm restart could not re-link it): replace it
+                ix.outbox.extend(ix.ledger.remove(key))
             placement = ix.ledger.place(key, nbytes)
             shared = ix.ledger.shared_tier
             for op in placement.ops:

@@ -103,3 +103,25 @@ def test_unlinked_objects_are_reclaimed_first(tmp_path: Path) -> None:
     r = cache.save(a, kv_items(a, 0, 32))               # needs the lone chunk's room
     assert r.stored == 4 and cache.store.where([lone]) == [None]
     cache.close()
+
+
+def test_an_unlinked_object_saved_again_is_stored_not_refused(tmp_path: Path) -> None:
+    """A warm restart leaves an object it cannot re-link in the ledger (here: the chunk
+    before it is gone); the next save of the same key must store it, not raise "already
+    placed" (found by the vLLM connector's restart test)."""
+    cfg = disk_config(tmp_path / "d")
+    cache = assemble.cache(cfg, TINY, build_store(cfg))
+    a = np.arange(16) + 5
+    cache.save(a, kv_items(a, 0, 8) + kv_items(a, 8, 16))
+    head = next(k for k in cache.index.where if k.start == 0)
+    tail = next(k for k in cache.index.where if k.start == 8)
+    cache.close()
+    (tmp_path / "d" / head.digest()).unlink()            # the chain's first link is lost
+    again = assemble.cache(cfg, TINY, build_store(cfg))
+    assert tail in again.rebuilt.unlinked and tail not in again.index.where
+    r = again.save(a, kv_items(a, 0, 8) + kv_items(a, 8, 16))
+    again.flush()
+    assert r.stored == 2 and {head, tail} <= set(again.index.where)
+    assert again.store.where([tail]) == ["nvme"]
+    again.check_integrity()
+    again.close()

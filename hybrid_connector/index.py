@@ -42,7 +42,7 @@ from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObjec
 from hybrid_connector.policies.admission import branch_point
 from hybrid_connector.policies.base import SavePlan
 from hybrid_connector.radix import IntegrityError, MatchResult, Node, ObjectRef
-from hybrid_connector.rebuild import Rebuilt, relink
+from hybrid_connector.rebuild import Rebuilt, adopt_reported, relink
 from hybrid_connector.reclaim import Reclaimer
 from hybrid_connector.saving import Saver, SaveTicket
 from tiers.backend import Backend
@@ -302,6 +302,12 @@ class CacheIndex(IndexCore):
         see ``hybrid_connector.rebuild``. What does not link stays an orphan (reclaimed
         first). ``verify``: check the chains against this project's own blake3 keys."""
         return relink(self, items, verify)
+
+    def adopt(self, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None, str]],
+              verify: bool = True) -> Rebuilt:
+        """Adopt and re-link what worker processes report they hold (``(key, nbytes, meta,
+        tier)``); see ``hybrid_connector.rebuild.adopt_reported``."""
+        return adopt_reported(self, items, self.reclaim.orphans, verify)
 
     # ---------------------------------------------------------------- callbacks
     def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:

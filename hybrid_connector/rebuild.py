@@ -119,3 +119,27 @@ def _block_ends(start: int, end: int, bs: int) -> list[int]:
         return []
     first = start - start % bs + bs
     return list(range(first, end + 1, bs))
+
+
+def adopt_reported(ix: IndexCore, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None, str]],
+                   orphans: dict[ObjectKind, list[ObjectKey]], verify: bool = True) -> Rebuilt:
+    """Warm restart across processes: account what worker processes report their persistent
+    tiers hold (``(key, nbytes, meta, tier)``, held on every rank) in the ledger, then
+    re-link it (``relink``). An object the ledger has no room for, or of another model,
+    is removed from the workers (``Remove`` ops in the index's outbox), so the workers'
+    tiers never hold bytes the ledger does not know. Mutates the ledger, the index and its
+    outbox; adopted keys join ``orphans`` (the reclaimer's queue: reclaimed first, oldest
+    first, unless re-linked). Never raises for what the items hold."""
+    from tiers.ops import Remove
+
+    kept: list[Item] = []
+    removes = []
+    with ix.lock, ix.backend.lock:
+        for key, n, meta, tier in items:
+            if key.fingerprint == ix.fingerprint and ix.ledger.adopt(key, n, tier):
+                kept.append((key, n, meta))
+                orphans[key.kind].append(key)
+            elif key not in ix.ledger.entries:
+                removes.append(Remove(key, tier))
+        ix.outbox.extend(removes)
+    return relink(ix, kept, verify)

@@ -83,6 +83,7 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
                                      kv_cache_config.num_blocks)
         self._recving: set[str] = set()
         self._failed: set[str] = set()
+        self._inventory_sent = False
         self._load_reports: list[tuple[int, LoadReport]] = []
 
     # ================================================================ worker side
@@ -139,7 +140,11 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         assert self.worker is not None
         reps, self._load_reports = self._load_reports, []
         ops = self.worker.take_reports()
-        return HybridWorkerMetadata(ops, reps) if ops or reps else None
+        inv = []
+        if not self._inventory_sent:  # once: a warm restart's objects, for the index
+            self._inventory_sent = True
+            inv = [(self.worker.worker.rank, self.worker.inventory())]
+        return HybridWorkerMetadata(ops, reps, inv) if ops or reps or inv else None
 
     # ================================================================ scheduler side
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int

@@ -16,7 +16,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.meta import ObjectMeta
 from hybrid_connector.ranks import LoadReport, OpBatch, OpReport
+
+Held = tuple[ObjectKey, int, ObjectMeta | None, str]  # (key, bytes, metadata, tier name)
 
 
 @dataclass(frozen=True)
@@ -78,12 +81,11 @@ class HybridWorkerMetadata(KVConnectorWorkerMetadata):
 
     op_reports: list[OpReport] = field(default_factory=list)
     load_reports: list[tuple[int, LoadReport]] = field(default_factory=list)  # (job, report)
-    stats: dict[str, int] = field(default_factory=dict)
+    # once per rank, first step: what its persistent tiers hold (a warm restart)
+    inventory: list[tuple[int, list[Held]]] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         assert isinstance(other, HybridWorkerMetadata)
-        stats = dict(self.stats)
-        for k, v in other.stats.items():
-            stats[k] = stats.get(k, 0) + v
         return HybridWorkerMetadata(self.op_reports + other.op_reports,
-                                    self.load_reports + other.load_reports, stats)
+                                    self.load_reports + other.load_reports,
+                                    self.inventory + other.inventory)

@@ -28,6 +28,7 @@ from hybrid_connector.config import HybridConfig
 from hybrid_connector.hashes import EngineHashes
 from hybrid_connector.index import CacheIndex
 from hybrid_connector.integrations.vllm_meta import (
+    Held,
     HybridConnectorMetadata,
     HybridWorkerMetadata,
     LoadJob,
@@ -58,6 +59,7 @@ class Counters:
     loaded_tokens: int = 0
     failed_loads: int = 0
     hits_without_state: int = 0  # must stay 0 for a hybrid model (the hit rule)
+    restored: dict[str, int] = field(default_factory=dict)  # warm restart: indexed by kind
     saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
@@ -86,6 +88,9 @@ class SchedulerSide:
         self._offers: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
         self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
         self.sources: dict[str, dict[Any, int]] = {}  # request -> external tokens by tier
+        self.world_size = world_size
+        self._held: dict[int, list[Held]] = {}  # rank -> inventory (warm restart)
+        self._adopted = False
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
@@ -204,6 +209,8 @@ class SchedulerSide:
         """vLLM's ``update_connector_output``: apply the ranks' reports to the index."""
         if meta is None:
             return
+        if meta.inventory:
+            self._adopt(meta.inventory)
         for rep in meta.op_reports:
             if self.gather.op_report(rep):
                 left = self._open.get(rep.ticket)
@@ -228,6 +235,29 @@ class SchedulerSide:
             else:
                 self.stats.hits += 1
                 self.stats.hit_tokens += plan.num_tokens
+
+    def _adopt(self, inventory: list[tuple[int, list[Held]]]) -> None:
+        """Once every rank reported what its NVMe tier holds: adopt what all of them hold
+        in the same tier (re-linked from its metadata), remove the rest from every rank."""
+        if self._adopted:
+            return
+        for rank, items in inventory:
+            self._held[rank] = items
+        if len(self._held) < self.world_size:
+            return
+        sets = [{(k, t) for k, _, _, t in items} for items in self._held.values()]
+        common = set.intersection(*sets)
+        first = self._held[min(self._held)]
+        both = [it for it in first if (it[0], it[3]) in common]
+        stray = {(k, t) for s_ in sets for k, t in s_ - common}
+        from tiers.ops import Remove
+
+        with self.index.lock:
+            self.index.outbox.extend(Remove(k, t) for k, t in sorted(stray, key=str))
+        # vLLM's block hashes cannot be recomputed here (extra keys, its hash function):
+        # the chain is trusted to the NVMe tier's checksums, as rebuild.py documents
+        self.stats.restored = dict(self.index.adopt(both, verify=False).indexed)
+        self._held, self._adopted = {}, True
 
     def finished(self, request: Any) -> None:
         """vLLM's ``request_finished``: forget the request (its saves are copied already)."""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 import kernels
-from hybrid_connector.integrations.vllm_meta import LoadJob, SaveJob, SaveObject
+from hybrid_connector.integrations.vllm_meta import Held, LoadJob, SaveJob, SaveObject
 from hybrid_connector.integrations.vllm_setup import Groups, HybridStartupError, layer_index
 from hybrid_connector.integrations.vllm_stats import HybridStats
 from hybrid_connector.keys import ObjectKey, ObjectKind
@@ -213,6 +213,15 @@ class WorkerSide:
         """This interval's counters (None when nothing happened); starts a new interval."""
         out, self.stats = self.stats, HybridStats()
         return None if out.is_empty() else out
+
+    def inventory(self) -> list[Held]:
+        """What this rank's persistent local tiers (NVMe) hold from a previous run, oldest
+        first per kind (the scheduler adopts and re-links it: a warm restart)."""
+        out: list[Held] = []
+        for name, t in self.worker.executor.tiers.items():
+            if getattr(t, "slow", False) and not getattr(t, "shared", False):
+                out.extend((k, n, m, name) for k, n, m in t.inventory())
+        return out
 
     def take_reports(self) -> list[OpReport]:
         with self._lock:

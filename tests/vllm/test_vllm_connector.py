@@ -240,3 +240,31 @@ def test_stats_reach_vllms_logging_and_prometheus_with_hit_sources(env: dict[str
                                     {"model_name": "tiny", "engine": "0"})
     assert got == totals["load_jobs"]
     assert by_source == {CacheHitSource.HOST: st.loaded_tokens}
+
+
+def test_a_restarted_engine_hits_on_what_its_nvme_tier_kept(env: dict[str, Any], tmp_path: Path) -> None:
+    """Engine 1 serves prompts and stops; engine 2 (new scheduler, new worker, empty vLLM
+    cache) starts over the same NVMe directory: the worker reports what its tier holds, the
+    scheduler's index adopts and re-links it, and a repeated prompt hits, byte-checked."""
+    y = tmp_path / "nvme.yaml"
+    y.write_text(YAML.split("pools:")[0] + TIER_YAML["disk"].format(dir=tmp_path / "nvme", url=""))
+    vc = copy.deepcopy(env["vc"])
+    vc.kv_transfer_config.kv_connector_extra_config = {"config_file": str(y)}
+    prompts = _requests(4, 3)
+    first = h.make_scheduler(vc, env["cfg"])
+    runner = h.Runner(env["cfg"], _worker(env, vc))
+    h.run(first, runner, prompts)
+    saved = dict(first.connector.sched.stats.saved_objects)
+    runner.connector.shutdown()
+    first.connector.shutdown()
+
+    again = h.make_scheduler(vc, env["cfg"])
+    runner = h.Runner(env["cfg"], _worker(env, vc))
+    warm = h.make_request("warm", list(range(40)), 2)   # the first step carries the inventory
+    repeat = [h.make_request(f"again{i}", list(r.prompt_token_ids), 2) for i, r in enumerate(prompts)]
+    h.run(again, runner, [warm, *repeat])
+    runner.connector.shutdown()
+    st = again.connector.sched.stats
+    assert saved["state"] > 0 and st.restored.get("state", 0) > 0 and st.restored.get("kv", 0) > 0
+    assert runner.bad == [] and st.hits >= 2 and set(st.hit_sources) == {"nvme"}
+    again.connector.sched.index.check_integrity()

@@ -26,9 +26,10 @@ would delete the first one's in-flight temporary files as debris of a crash).
 
 Optional zstd per kind (``zstd={ObjectKind.STATE: 3}``). Budgets count payload bytes (as
 every tier does); each file adds one header (< 1 KiB) and its metadata, if any (1.3 KiB
-for a 256-token KV chunk, see benchmarks/restart.py), on disk. Reads use plain
-``readinto`` into the caller's buffer: on page-cache-backed files this is a single copy,
-and O_DIRECT would need aligned bounce buffers that cost more than they save here.
+for a 256-token KV chunk, see benchmarks/restart.py), on disk. A batch runs on
+``io_threads`` workers: ``put`` is one group commit (``tiers.group_commit``), ``get_into``
+reads in parallel with plain ``preadv`` into the caller's buffers (one copy from the page
+cache; O_DIRECT would need aligned bounce buffers and did not beat it, benchmarks/tiers.py).
 """
 
 from __future__ import annotations
@@ -48,26 +49,28 @@ from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.meta import ObjectMeta
 from tiers import codec
 from tiers.fileio import open_regular as _open_regular
+from tiers.fileio import read_checked as _read_checked
 from tiers.fileio import read_exact as _read_exact
 from tiers.fileio import read_tombstone, write_tombstone
-from tiers.fileio import write_all as _write_all  # tiers.nixl imports it from here
+from tiers.fileio import write_file as _write_file
+from tiers.group_commit import IoPool, alloc_and_get, get_batch, put_batch
 from tiers.indexed import IndexedTier
 from tiers.logonce import LogOnce
-from tiers.tier import Entry, byte_view
+from tiers.tier import Entry, byte_view, check_metas
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[0-9a-f]{40}$")
 _TMP_SUFFIX = ".tmp"
 _TOMB_RE = re.compile(r"^\.([0-9a-f]{40})\.tomb$")  # ".<digest>.tomb"
 _HEAD_READ = 4096  # first read of a file: prefix + header
-_CHUNK = 1 << 18  # read/hash granularity: stays in L2 between the read and the hash
 
 
 class NvmeTier(IndexedTier):
     """Files in ``path``; see the module docstring and ``tiers.tier.Tier``.
 
-    Raises ValueError if ``path`` exists and is not a directory, OSError if it cannot be
-    created. Everything after construction reports failures as misses or False.
+    ``io_threads``: workers for the files of one batch (1: all on the caller's thread).
+    Raises ValueError if ``path`` exists and is not a directory (or ``io_threads`` < 1),
+    OSError if it cannot be created. Everything after construction reports failures as misses or False.
     """
 
     slow = True
@@ -81,8 +84,10 @@ class NvmeTier(IndexedTier):
         fsync: bool = True,
         verify_on_start: bool = False,
         verify_reads: bool = True,
+        io_threads: int = 4,
     ) -> None:
         super().__init__(name, budgets)
+        self._pool = IoPool(io_threads, f"nvme-{name}")
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"nvme tier path {self.path} exists and is not a directory")
@@ -97,6 +102,30 @@ class NvmeTier(IndexedTier):
         # still held, but never offered by ``lru`` (nobody could move them).
         self._stuck: set[ObjectKey] = set()
         self._rebuild(verify_on_start)
+
+    # ------------------------------------------------------------------ batches
+    def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
+            metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
+        """``Tier.put`` as one group commit on the I/O pool (``tiers.group_commit``): the
+        files are written and fsynced in parallel, each renamed after its own fsync, then
+        one directory fsync; with ``fsync`` on, every True is durable on return."""
+        out = put_batch(self, self._pool, items, check_metas(items, metas))
+        if any(out):
+            self._after_batch()
+        return out
+
+    def get_into(self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        """``Tier.get_into`` with the reads (and checksums) of a batch on the I/O pool."""
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys but {len(outs)} buffers")
+        return get_batch(self, self._pool, keys, outs)
+
+    def get(self, keys: Sequence[ObjectKey], device: torch.device | str | None = None
+            ) -> list[torch.Tensor | None]:
+        return alloc_and_get(self, self._pool, keys, device)
+
+    def close(self) -> None:
+        self._pool.close()
 
     # ------------------------------------------------------------------ start
     def _rebuild(self, verify: bool) -> None:
@@ -305,23 +334,15 @@ class NvmeTier(IndexedTier):
         except Exception as exc:  # e.g. MemoryError compressing: a failed put, not a crash
             self._warn.warn("encode", "nvme tier %s: cannot encode: %s", self.name, exc)
             return None
-        fd = -1
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            _write_all(fd, head, body)
-            if self.fsync:
-                os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            os.rename(tmp, final)
+            _write_file(tmp, self.fsync, head, body)
+            os.rename(tmp, final)  # only after the bytes are durable (with fsync)
             with self._lock:
                 self._stuck.discard(key)  # a new file: deletable again, as far as we know
             return str(final)
         except OSError as exc:
             reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "write"
             self._warn.warn(reason, "nvme tier %s: put failed (%s): %s", self.name, reason, exc)
-            if fd >= 0:
-                os.close(fd)
             self._unlink(tmp)
             return None
 
@@ -355,16 +376,8 @@ class NvmeTier(IndexedTier):
             if h.codec == "raw" and out.device.type == "cpu":
                 # Straight into the caller's buffer, hashing each chunk while it is still
                 # in cache (one pass over memory instead of two).
-                dst = byte_view(out)
                 hasher = codec.new_checksum(like=h.checksum) if self.verify_reads else None
-                off = 0
-                while off < h.stored:
-                    n = os.preadv(fd, [dst[off : off + _CHUNK]], hend + off)
-                    if n <= 0:
-                        raise codec.CorruptObject("file shorter than its header says")
-                    if hasher is not None:
-                        hasher.update(dst[off : off + n])
-                    off += n
+                _read_checked(fd, byte_view(out), hend, hasher)
                 if hasher is not None and hasher.tag() != h.checksum:
                     raise codec.CorruptObject("payload checksum mismatch")
             else:

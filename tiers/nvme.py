@@ -48,10 +48,12 @@ import torch
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.meta import ObjectMeta
 from tiers import codec
+from tiers.fileio import HeadCache, read_tombstone, write_tombstone
+from tiers.fileio import check_size as _check_size_fn
 from tiers.fileio import open_regular as _open_regular
 from tiers.fileio import read_checked as _read_checked
 from tiers.fileio import read_exact as _read_exact
-from tiers.fileio import read_tombstone, write_tombstone
+from tiers.fileio import read_head as _read_head_fn
 from tiers.fileio import write_file as _write_file
 from tiers.group_commit import IoPool, alloc_and_get, get_batch, put_batch
 from tiers.indexed import IndexedTier
@@ -62,7 +64,6 @@ log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[0-9a-f]{40}$")
 _TMP_SUFFIX = ".tmp"
 _TOMB_RE = re.compile(r"^\.([0-9a-f]{40})\.tomb$")  # ".<digest>.tomb"
-_HEAD_READ = 4096  # first read of a file: prefix + header
 
 
 class NvmeTier(IndexedTier):
@@ -88,6 +89,7 @@ class NvmeTier(IndexedTier):
     ) -> None:
         super().__init__(name, budgets)
         self._pool = IoPool(io_threads, f"nvme-{name}")
+        self._heads = HeadCache()  # validated headers: a read compares bytes, not parses
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"nvme tier path {self.path} exists and is not a directory")
@@ -188,6 +190,7 @@ class NvmeTier(IndexedTier):
                 mbytes = bytearray(h.meta_len)
                 _read_exact(fd, memoryview(mbytes), hend)
             meta = codec.decode_meta(h, mbytes, key)
+            self._heads.remember(str(p), head, h)
             if verify:
                 out = torch.empty(h.shape, dtype=h.torch_dtype)
                 body = bytearray(h.stored)
@@ -207,28 +210,8 @@ class NvmeTier(IndexedTier):
         h, hend, _ = NvmeTier._read_head(fd)
         return h, hend + h.meta_len
 
-    @staticmethod
-    def _read_head(fd: int) -> tuple[codec.Header, int, bytes]:
-        # One read covers prefix and header in the common case (headers are ~300 bytes);
-        # the bytes read are returned too (they usually hold the metadata and the body's
-        # first bytes). The offset returned is the header's end.
-        head = os.pread(fd, _HEAD_READ, 0)
-        hlen, hcrc = codec.decode_prefix(head)
-        hend = codec.PREFIX.size + hlen
-        if len(head) < hend:
-            rest = bytearray(hend - len(head))
-            _read_exact(fd, memoryview(rest), len(head))
-            head += rest
-        return codec.decode_header(head[codec.PREFIX.size : hend], hcrc), hend, head
-
-    @staticmethod
-    def _check_size(fd: int, h: codec.Header, off: int) -> None:
-        """The file must be exactly header + metadata (``off``: the body's offset) +
-        ``stored`` bytes: every size the header claims is then bounded by the file before
-        anything is allocated from it."""
-        size = os.fstat(fd).st_size
-        if size != off + h.stored:
-            raise codec.CorruptObject(f"size {size} != {off + h.stored}")
+    _read_head = staticmethod(_read_head_fn)
+    _check_size = staticmethod(_check_size_fn)
 
     # ------------------------------------------------------------------ storage
     def _file(self, key: ObjectKey) -> Path:
@@ -291,6 +274,7 @@ class NvmeTier(IndexedTier):
         """Delete ``key``'s file or, when the filesystem refuses, tombstone it; False when
         neither worked (the file stays and would come back at a restart)."""
         p = self._file(key)
+        self._heads.forget(str(p))
         try:
             st = os.lstat(p)
         except FileNotFoundError:
@@ -337,6 +321,7 @@ class NvmeTier(IndexedTier):
         try:
             _write_file(tmp, self.fsync, head, body)
             os.rename(tmp, final)  # only after the bytes are durable (with fsync)
+            self._heads.remember(str(final), head)
             with self._lock:
                 self._stuck.discard(key)  # a new file: deletable again, as far as we know
             return str(final)
@@ -369,7 +354,7 @@ class NvmeTier(IndexedTier):
             self._warn.warn("read", "nvme tier %s: cannot open %s: %s", self.name, entry.handle, exc)
             return False
         try:
-            h, hend = self._read_header(fd)
+            h, hend = self._heads.read(fd, str(entry.handle))
             if h.shape != entry.shape or h.torch_dtype != entry.dtype or h.key != entry.key.to_str():
                 raise codec.CorruptObject("header does not match the index")
             self._check_size(fd, h, hend)  # the file may have changed since the scan

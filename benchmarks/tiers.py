@@ -20,6 +20,17 @@ runs a forward pass with ``use_cache=True`` over a batch of prompts; each sequen
 and recurrent states form one checkpoint, compressed as fp32 and as bf16.
 
     python benchmarks/tiers.py [--quick] [--preset qwen3.5-4b] [--json out.json]
+
+``--peer`` runs only the peer section instead: our host and NVMe tiers against LMCache
+0.5.6's ``LocalCPUBackend`` and ``LocalDiskBackend`` (instantiated on CPU with its own
+config, allocator, MemoryObjs and async put tasks) and plain file IO, on the same objects,
+interleaved (the order of the sides rotates each rep), best-of and median, as ratios, for
+put, warm get and cold get (page cache dropped per file) of each kind, with fairness notes
+printed (who fsyncs, who checksums, threads) and written to
+``benchmarks/results/tiers_peer[_quick].json``. Every side's read-back is checked bit-exact.
+If LMCache cannot be loaded the section says why and compares against plain IO only.
+
+    python benchmarks/tiers.py --peer [--quick] [--io-threads 4]
 """
 
 # ruff: noqa: E402  (imports follow the sys.path fix below)
@@ -337,7 +348,10 @@ FAIRNESS = [
     "(its default) behind its asyncio put tasks; batched_get_blocking reads on a pool of 4.",
     "plain: write + fsync per object on one thread (put); readinto on one thread (get); "
     "no header, checksum or index. plain-par: the same writes on {threads} threads, one "
-    "fsync per file (the device's durable-write ceiling here).",
+    "fsync per file (the device's durable-write ceiling here). o_direct: plain's files "
+    "read with O_DIRECT into aligned buffers (what O_DIRECT reads would give).",
+    "nvme-nf (ours, disk_fsync false): as nvme without any fsync (LMCache's durability), "
+    "checksums still on.",
     "host (ours) / lmc-cpu (LocalCPUBackend): both copy the payload in on put (ours into a "
     "slab, LMCache into a MemoryObj from its allocator); on get both copy into a caller "
     "buffer (LMCache: get_blocking + copy). One thread each, no checksum.",
@@ -462,6 +476,30 @@ def plain_side(items: list[tuple[ObjectKey, torch.Tensor]], d: Path, threads: in
     return Side(base.put if threads == 1 else put, get, base.before_put,
                 lambda: all(bytes(b) == bytes(v) for b, v in zip(back, views, strict=True)),
                 files_in(d), close=close)
+
+
+def direct_side(items: list[tuple[ObjectKey, torch.Tensor]], d: Path) -> Side:
+    """Plain files read with O_DIRECT into page-aligned buffers (no page cache): what
+    O_DIRECT would give the tier's reads, warm and cold. Puts as ``plain``."""
+    import mmap
+
+    base = plain_side(items, d, 1)
+    sizes = [t.numel() * t.element_size() for _, t in items]
+    bufs = [mmap.mmap(-1, (n + 4095) // 4096 * 4096) for n in sizes]
+
+    def get() -> None:
+        for i, b in enumerate(bufs):
+            fd = os.open(d / f"plain{i}", os.O_RDONLY | os.O_DIRECT)
+            try:
+                os.preadv(fd, [b], 0)
+            finally:
+                os.close(fd)
+
+    def check() -> bool:
+        return all(b[:n] == t.reshape(-1).view(torch.uint8).numpy().tobytes()
+                   for b, n, (_, t) in zip(bufs, sizes, items, strict=True))
+
+    return Side(base.put, get, base.before_put, check, base.files, close=base.close)
 
 
 def lmc_sides(lm: dict[str, Any], items: list[tuple[ObjectKey, torch.Tensor]], d: Path,
@@ -596,6 +634,7 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
     lm, why = load_lmcache()
     threads = args.io_threads
     res: dict[str, Any] = {"preset": args.preset, "reps": reps, "io_threads": threads,
+                           "cpus": os.cpu_count(), "quick": bool(args.quick),
                            "lmcache": lm["version"] if lm else None, "lmcache_unavailable": why or None,
                            "fairness": [f.format(threads=threads) for f in FAIRNESS], "kinds": []}
     print(f"\nPeer comparison ({args.preset}; {reps} interleaved reps; ratio = peer time / our "
@@ -615,6 +654,9 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
                               items, work / f"peer-nvme-{kind.value}"),
             "plain": plain_side(items, work / f"peer-plain-{kind.value}", 1),
             "plain-par": plain_side(items, work / f"peer-plainpar-{kind.value}", threads),
+            "o_direct": direct_side(items, work / f"peer-direct-{kind.value}"),
+            "nvme-nf": tier_side(NvmeTier(work / f"peer-nvmenf-{kind.value}", budget, fsync=False,
+                                          io_threads=threads), items, work / f"peer-nvmenf-{kind.value}"),
         }
         if lm is not None:
             d = work / f"peer-lmc-{kind.value}"
@@ -628,7 +670,8 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
         stat = {n: {op: {"best_s": min(v), "median_s": float(np.median(v))} for op, v in ops.items() if v}
                 for n, ops in t.items()}
         ratios: dict[str, Any] = {}
-        pairs = [("nvme", "plain"), ("nvme", "plain-par"), ("host", "lmc-cpu"), ("nvme", "lmc-disk")]
+        pairs = [("nvme", "plain"), ("nvme", "plain-par"), ("nvme", "o_direct"), ("host", "lmc-cpu"),
+                 ("nvme", "lmc-disk"), ("nvme-nf", "lmc-disk")]
         for ours, peer in pairs:
             if peer not in stat:
                 continue

@@ -30,7 +30,7 @@ def write_all(fd: int, *parts: codec.Buf) -> None:
             views[0] = views[0][n:]
 
 
-def write_file(path: Path, fsync: bool, *parts: codec.Buf) -> None:
+def write_file(path: str | os.PathLike[str], fsync: bool, *parts: codec.Buf) -> None:
     """Create ``path`` (it must not exist), write ``parts`` and, with ``fsync``, make the
     bytes durable before returning. OSError on failure (``path`` may then remain)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -148,20 +148,19 @@ class HeadCache:
     Thread safe (single dict operations)."""
 
     def __init__(self) -> None:
-        self._d: dict[str, tuple[bytes, codec.Header]] = {}
+        self._d: dict[str, tuple[bytes, codec.Header | None]] = {}
 
     def remember(self, path: str, head: codec.Buf, h: codec.Header | None = None) -> None:
-        """Cache the header that ``head`` (a file's first bytes) starts with; ``h``: its
-        parse, when the caller has it. A malformed ``head`` is not cached."""
+        """Cache the prefix + header that ``head`` (a file's first bytes) starts with;
+        ``h``: its parse when the caller has it (else parsed at the first read that finds
+        these bytes). A ``head`` too short or with a bad prefix is not cached."""
         try:
-            b = bytes(head[: codec.PREFIX.size])
-            hlen, hcrc = codec.decode_prefix(b)
-            hend = codec.PREFIX.size + hlen
-            b = bytes(head[:hend])
-            if len(b) == hend:
-                self._d[path] = (b, h or codec.decode_header(b[codec.PREFIX.size :], hcrc))
-        except (codec.CorruptObject, ValueError):
-            pass
+            hlen, _ = codec.decode_prefix(bytes(head[: codec.PREFIX.size]))
+        except codec.CorruptObject:
+            return
+        b = bytes(head[: codec.PREFIX.size + hlen])
+        if len(b) == codec.PREFIX.size + hlen:
+            self._d[path] = (b, h)
 
     def forget(self, path: str) -> None:
         self._d.pop(path, None)
@@ -171,9 +170,14 @@ class HeadCache:
         ``path``; CorruptObject if malformed. The metadata is not read."""
         c = self._d.get(path)
         if c is not None:
-            head = os.pread(fd, len(c[0]), 0)
-            if head == c[0]:
-                return c[1], len(head) + c[1].meta_len
+            b, h = c
+            head = os.pread(fd, len(b), 0)
+            if head == b:
+                if h is None:  # bytes we wrote: parsed once, here (they are the file's)
+                    _, hcrc = codec.decode_prefix(b)
+                    h = codec.decode_header(b[codec.PREFIX.size :], hcrc)
+                    self._d[path] = (b, h)
+                return h, len(b) + h.meta_len
         h, hend, head = read_head(fd)
         self.remember(path, head, h)
         return h, hend + h.meta_len

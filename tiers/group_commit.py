@@ -97,6 +97,7 @@ def put_batch(tier: IndexedTier, pool: IoPool,
     unexpected exception from a store is re-raised after every item is settled."""
     out = [False] * len(items)
     group: list[tuple[int, Admitted]] = []
+    in_group: set[ObjectKey] = set()
     errors: list[BaseException] = []
 
     def flush() -> None:
@@ -108,15 +109,17 @@ def put_batch(tier: IndexedTier, pool: IoPool,
             if exc is not None:
                 errors.append(exc)
         group.clear()
+        in_group.clear()
 
     for i, ((key, payload), meta) in enumerate(zip(items, metas, strict=True)):
         if group:
             n = nbytes_of(payload) if isinstance(payload, torch.Tensor) else 0
-            if any(p.key == key for _, p in group) or not tier.fits(key.kind, n):
+            if key in in_group or not tier.fits(key.kind, n):
                 flush()
         p = tier._admit(key, payload, meta)
         if p is not None:
             group.append((i, p))
+            in_group.add(key)
     if group:
         flush()
     if errors:

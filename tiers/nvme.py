@@ -95,6 +95,7 @@ class NvmeTier(IndexedTier):
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"nvme tier path {self.path} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
+        self._dir = str(self.path)
         self.zstd = dict(zstd or {})
         self.fsync = fsync
         self.verify_reads = verify_reads
@@ -312,8 +313,10 @@ class NvmeTier(IndexedTier):
 
     def _store_with_meta(self, key: ObjectKey, payload: torch.Tensor, token: object,
                          meta: ObjectMeta | None) -> object | None:
-        final = self._file(key)
-        tmp = self.path / f".{final.name}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}{_TMP_SUFFIX}"
+        # Plain strings on this path: pathlib costs more than the rename of a small file.
+        name = key.digest()
+        final = f"{self._dir}/{name}"
+        tmp = f"{self._dir}/.{name}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}{_TMP_SUFFIX}"
         try:  # header and metadata go out in the head, one writev with the body
             head, body = codec.encode(key, payload, self.zstd.get(key.kind), meta)
         except Exception as exc:  # e.g. MemoryError compressing: a failed put, not a crash
@@ -322,14 +325,14 @@ class NvmeTier(IndexedTier):
         try:
             _write_file(tmp, self.fsync, head, body)
             os.rename(tmp, final)  # only after the bytes are durable (with fsync)
-            self._heads.remember(str(final), head)
+            self._heads.remember(final, head)
             with self._lock:
                 self._stuck.discard(key)  # a new file: deletable again, as far as we know
-            return str(final)
+            return final
         except OSError as exc:
             reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else "write"
             self._warn.warn(reason, "nvme tier %s: put failed (%s): %s", self.name, reason, exc)
-            self._unlink(tmp)
+            self._unlink(Path(tmp))
             return None
 
     def _after_batch(self) -> None:

@@ -635,6 +635,7 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
     threads = args.io_threads
     res: dict[str, Any] = {"preset": args.preset, "reps": reps, "io_threads": threads,
                            "cpus": os.cpu_count(), "quick": bool(args.quick),
+                           "loadavg_start": os.getloadavg(),
                            "lmcache": lm["version"] if lm else None, "lmcache_unavailable": why or None,
                            "fairness": [f.format(threads=threads) for f in FAIRNESS], "kinds": []}
     print(f"\nPeer comparison ({args.preset}; {reps} interleaved reps; ratio = peer time / our "
@@ -644,6 +645,8 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
     for note in res["fairness"]:
         print(f"  - {note}")
     for i, kind in enumerate(K):
+        if args.kinds and kind.value not in args.kinds.split(","):
+            continue
         nbytes, count = sizes[kind]
         items = objects(kind, nbytes, count, dtypes[kind])
         total = sum(t.numel() * t.element_size() for _, t in items)
@@ -702,6 +705,7 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
             print(f"  nvme {op} >= {target:.1f} of {peer}: " + ", ".join(f"{k} {v:.2f}" for k, v in vals)
                   + f" -> {'MET' if worst >= target else 'NOT MET'}")
     res["targets_met"] = verdicts
+    res["loadavg_end"] = os.getloadavg()  # a shared machine: how busy it was
     return res
 
 
@@ -719,6 +723,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the peer section: ours vs LMCache's local CPU and disk backends "
                          "(default --json: benchmarks/results/tiers_peer[_quick].json)")
     ap.add_argument("--io-threads", type=int, default=4, help="nvme tier I/O threads (peer section)")
+    ap.add_argument("--kinds", default="", help="peer section: only these kinds (e.g. kv,anchor)")
     args = ap.parse_args(argv)
 
     geo = get_preset(args.preset)

@@ -149,7 +149,9 @@ class HeadCache:
     Thread safe (single dict operations)."""
 
     def __init__(self) -> None:
-        self._d: dict[str, tuple[bytes, codec.Header]] = {}
+        # path -> (prefix + header bytes, their parse, the index entry they were checked
+        # against, if any: same bytes, same verdict)
+        self._d: dict[str, tuple[bytes, codec.Header, object]] = {}
 
     def remember(self, path: str, head: codec.Buf, h: codec.Header | None = None) -> None:
         """Cache the prefix + header that ``head`` (a file's first bytes) starts with;
@@ -160,21 +162,28 @@ class HeadCache:
             hlen, hcrc = codec.decode_prefix(bytes(head[: codec.PREFIX.size]))
             b = bytes(head[: codec.PREFIX.size + hlen])
             if len(b) == codec.PREFIX.size + hlen:
-                self._d[path] = (b, h or codec.decode_header(b[codec.PREFIX.size :], hcrc))
+                self._d[path] = (b, h or codec.decode_header(b[codec.PREFIX.size :], hcrc), None)
         except codec.CorruptObject:
             pass
 
     def forget(self, path: str) -> None:
         self._d.pop(path, None)
 
-    def read(self, fd: int, path: str) -> tuple[codec.Header, int]:
-        """(validated header, offset of the body, after any metadata) of the open file
-        ``path``; CorruptObject if malformed. The metadata is not read."""
+    def vouch(self, path: str, h: codec.Header, entry: object) -> None:
+        """Record that header ``h`` of ``path`` was checked against ``entry`` and matched."""
+        c = self._d.get(path)
+        if c is not None and c[1] is h:
+            self._d[path] = (c[0], h, entry)
+
+    def read(self, fd: int, path: str, entry: object = None) -> tuple[codec.Header, int, bool]:
+        """(validated header, offset of the body after any metadata, whether these very
+        header bytes were already vouched for ``entry``) of the open file ``path``;
+        CorruptObject if malformed. The metadata is not read."""
         c = self._d.get(path)
         if c is not None:
-            b, h = c
+            b, h, seen = c
             if os.pread(fd, len(b), 0) == b:
-                return h, len(b) + h.meta_len
+                return h, len(b) + h.meta_len, entry is not None and seen is entry
         h, hend, head = read_head(fd)
         self.remember(path, head, h)
-        return h, hend + h.meta_len
+        return h, hend + h.meta_len, False

@@ -352,16 +352,21 @@ class NvmeTier(IndexedTier):
             os.close(dfd)
 
     def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+        path = str(entry.handle)
         try:
-            fd, _ = _open_regular(str(entry.handle))
+            fd, st = _open_regular(path)
         except (OSError, codec.CorruptObject) as exc:
-            self._warn.warn("read", "nvme tier %s: cannot open %s: %s", self.name, entry.handle, exc)
+            self._warn.warn("read", "nvme tier %s: cannot open %s: %s", self.name, path, exc)
             return False
         try:
-            h, hend = self._heads.read(fd, str(entry.handle))
-            if h.shape != entry.shape or h.torch_dtype != entry.dtype or h.key != entry.key.to_str():
-                raise codec.CorruptObject("header does not match the index")
-            self._check_size(fd, h, hend)  # the file may have changed since the scan
+            h, hend, known = self._heads.read(fd, path, entry)
+            if not known:  # else these exact header bytes already matched this entry
+                if (h.shape != entry.shape or h.torch_dtype != entry.dtype
+                        or h.key != entry.key.to_str()):
+                    raise codec.CorruptObject("header does not match the index")
+                self._heads.vouch(path, h, entry)
+            if st.st_size != hend + h.stored:  # the file may have changed since the scan
+                raise codec.CorruptObject(f"size {st.st_size} != {hend + h.stored}")
             if h.codec == "raw" and out.device.type == "cpu":
                 # Straight into the caller's buffer, hashing each chunk while it is still
                 # in cache (one pass over memory instead of two).

@@ -358,6 +358,9 @@ FAIRNESS = [
     "LMCache's put is timed from submit to the completion callback of the last object; its "
     "MemoryObjs are filled before the timer (they stand for its CPU staging buffers), its "
     "get is timed to its own MemoryObjs (it allocates them: no caller-buffer copy).",
+    "LMCache is loaded without running its lmcache.v1.storage_backend package __init__, "
+    "which imports every backend (GDS, NIXL, remote: aiofile, cryptography, ... are not "
+    "installed here); the two backends' own modules run unchanged.",
     "cold gets: every file of the side fsynced and dropped from the page cache "
     "(posix_fadvise DONTNEED) before the timed read; the order of sides rotates each rep.",
 ]

@@ -29,8 +29,8 @@ every tier does); each file adds one header (< 1 KiB) and its metadata, if any (
 for a 256-token KV chunk, see benchmarks/restart.py), on disk. A batch runs on
 ``io_threads`` workers: ``put`` is one group commit (``tiers.group_commit``), ``get_into``
 reads in parallel with plain ``preadv`` into the caller's buffers (one copy from the page
-cache). No O_DIRECT: in ``benchmarks/tiers.py --peer`` it reads warm files 2-2.7x slower,
-and cold ones only about as fast as these parallel buffered reads (0.8-1.05 of it).
+cache). No O_DIRECT: in ``benchmarks/tiers.py --peer`` it reads warm files 2-4x slower,
+and cold ones about as fast as these parallel buffered reads.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import threading
 from abc import abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -29,6 +30,17 @@ from tiers.tier import (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Admitted:
+    """A put that passed validation and holds its reservation (``_admit`` to ``_commit``)."""
+
+    key: ObjectKey
+    payload: torch.Tensor
+    meta: ObjectMeta | None
+    nbytes: int
+    token: object
 
 
 class IndexedTier(Tier):
@@ -139,12 +151,26 @@ class IndexedTier(Tier):
 
     def _put_one(self, key: ObjectKey, payload: torch.Tensor, meta: ObjectMeta | None = None
                  ) -> bool:
+        p = self._admit(key, payload, meta)
+        if p is None:
+            return False
+        handle = None
+        try:
+            handle = self._store_with_meta(key, payload, p.token, meta)
+        finally:
+            self._commit(p, handle)
+        return handle is not None
+
+    def _admit(self, key: ObjectKey, payload: torch.Tensor, meta: ObjectMeta | None
+               ) -> Admitted | None:
+        """Validate one put and reserve its room (None: refused, counted as a failure).
+        Every admitted put must reach ``_commit`` exactly once, stored or not."""
         why = meta.check_key(key) if meta is not None else None
         if why is not None:
             log.warning("tier %s: metadata does not fit %s: %s", self.name, key.to_str(), why)
         if why is not None or check_payload(payload) is not None:
             self._stats.put_failures += 1
-            return False
+            return None
         n = nbytes_of(payload)
         with self._lock:
             # An old object under the key stays readable until the new one is in, so the
@@ -154,31 +180,29 @@ class IndexedTier(Tier):
                 token = self._reserve(key, n)
             if token is None:
                 self._stats.put_failures += 1
-                return False
+                return None
             self._used[key.kind] += n
             self._inflight[key] += 1
-        handle = None
-        try:
-            handle = self._store_with_meta(key, payload, token, meta)
-        finally:
-            if handle is None:
-                with self._lock:
-                    self._used[key.kind] -= n
-                    self._unreserve(key, n, token)
-                    self._put_done(key)
-                    self._stats.put_failures += 1
-        if handle is None:
-            return False
-        entry = Entry(key, n, tuple(payload.shape), payload.dtype, handle, meta=meta)
+        return Admitted(key, payload, meta, n, token)
+
+    def _commit(self, p: Admitted, handle: object | None) -> None:
+        """Finish an admitted put: index ``handle`` (replacing any old object) or, when it
+        is None (the store failed), give its reservation back."""
+        key, n = p.key, p.nbytes
         with self._lock:
+            self._put_done(key)
+            if handle is None:
+                self._used[key.kind] -= n
+                self._unreserve(key, n, p.token)
+                self._stats.put_failures += 1
+                return
+            entry = Entry(key, n, tuple(p.payload.shape), p.payload.dtype, handle, meta=p.meta)
             old = self._lru[key.kind].pop(key, None)
             self._lru[key.kind][key] = entry
-            self._put_done(key)
             self._stats.puts += 1
             self._stats.bytes_written += n
             if old is not None:
                 self._drop_entry(old)
-        return True
 
     def _drop_entry(self, e: Entry) -> None:
         """Account ``e`` as gone (index already updated); free now unless pinned."""
@@ -218,32 +242,44 @@ class IndexedTier(Tier):
         return out
 
     def _get_one(self, key: ObjectKey, out: torch.Tensor) -> bool:
-        with self._lock:
-            e = self._entry(key)
-            if e is None:
-                self._stats.misses += 1
-                return False
-            if tuple(out.shape) != e.shape or out.dtype != e.dtype or not out.is_contiguous():
-                self._stats.errors += 1
-                return False
-            e.pins += 1
-            self._lru[key.kind].move_to_end(key)
+        e = self._begin_get(key, out)
+        if e is None:
+            return False
         ok = transient = False
         try:
             ok = self._load_into(e, out)
         except TierUnavailable:
             transient = True  # e.g. the remote is down: the object may still be fine
         finally:
-            with self._lock:
-                self._unpin_entry(e)
-                if ok:
-                    self._stats.hits += 1
-                    self._stats.bytes_read += e.nbytes
-                else:
-                    self._stats.errors += 1
-                    if not transient:
-                        self._forget_corrupt(e)
+            self._end_get(e, ok, transient)
         return ok
+
+    def _begin_get(self, key: ObjectKey, out: torch.Tensor) -> Entry | None:
+        """Pin ``key``'s entry for a read into ``out`` and mark it used (None: a miss or a
+        mismatched buffer, already counted). A pinned entry must reach ``_end_get``."""
+        with self._lock:
+            e = self._entry(key)
+            if e is None:
+                self._stats.misses += 1
+                return None
+            if tuple(out.shape) != e.shape or out.dtype != e.dtype or not out.is_contiguous():
+                self._stats.errors += 1
+                return None
+            e.pins += 1
+            self._lru[key.kind].move_to_end(key)
+        return e
+
+    def _end_get(self, e: Entry, ok: bool, transient: bool) -> None:
+        """Unpin after a read; a failed read that was not ``transient`` forgets the object."""
+        with self._lock:
+            self._unpin_entry(e)
+            if ok:
+                self._stats.hits += 1
+                self._stats.bytes_read += e.nbytes
+            else:
+                self._stats.errors += 1
+                if not transient:
+                    self._forget_corrupt(e)
 
     def _forget_corrupt(self, e: Entry) -> None:
         """A read failed: forget the object so it is never served again (under lock)."""

@@ -20,7 +20,8 @@ import torch
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.meta import ObjectMeta
 from tiers import codec
-from tiers.nvme import NvmeTier, _write_all
+from tiers.fileio import write_all as _write_all
+from tiers.nvme import NvmeTier
 from tiers.tier import Entry
 
 
@@ -57,7 +58,8 @@ class NixlNvmeTier(NvmeTier):
         nixl_agent, nixl_agent_config = _import_nixl()
         self._agent = nixl_agent(f"hc-{os.getpid()}-{id(self)}", nixl_agent_config(backends=[backend]))
         self._timeout = timeout
-        super().__init__(path, budgets, name=name)  # no zstd: bodies are raw DRAM<->file
+        # No zstd: bodies are raw DRAM<->file; one I/O thread: the agent is not shared.
+        super().__init__(path, budgets, name=name, io_threads=1)
 
     def _xfer(self, op: str, buf: torch.Tensor, fd: int, offset: int) -> None:
         n = buf.numel() * buf.element_size()

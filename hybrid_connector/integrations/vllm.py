@@ -76,7 +76,7 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
             from tiers.configured import build_tiers
             from tiers.executor import Executor
 
-            rank = vllm_config.parallel_config.rank
+            rank = _tp_rank(vllm_config)
             disk = f"{self.config.disk_path}/rank{rank}" if self.config.disk_path else None
             tiers = build_tiers(self.config, device=_device(), disk_path=disk)
             self.worker = WorkerSide(self.geometry, self.groups, RankWorker(rank, Executor(tiers)),
@@ -221,6 +221,20 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None:
             self.worker.flush(5.0)
             self.worker.worker.executor.close()
+
+
+def _tp_rank(vllm_config: VllmConfig) -> int:
+    """This worker's tensor-parallel rank: from vLLM's TP group once it exists, else from
+    the global rank vLLM's ``WorkerBase`` sets (TP is the fastest-varying dimension)."""
+    try:
+        from vllm.distributed.parallel_state import get_tp_group, model_parallel_is_initialized
+
+        if model_parallel_is_initialized():
+            return int(get_tp_group().rank_in_group)
+    except ImportError:
+        pass
+    pc = vllm_config.parallel_config
+    return int(pc.rank) % max(1, int(pc.tensor_parallel_size))
 
 
 def _device() -> str:

@@ -49,7 +49,7 @@ class Req:
 class Runner:
     """Executes scheduler outputs on paged buffers (see the module docstring)."""
 
-    def __init__(self, cfg: Any, connector: Any | None, vocab: int = 128) -> None:
+    def __init__(self, cfg: Any, connector: Any | None, vocab: int = 128, rank: int = 0) -> None:
         from vllm.v1.kv_cache_interface import MambaSpec
 
         self.cfg = cfg
@@ -58,6 +58,7 @@ class Runner:
         if connector is not None:
             connector.register_kv_caches(self.bufs)
         self.vocab = vocab
+        self.rank = rank  # a TP rank's shard: its bytes differ from the other ranks'
         self.reqs: dict[str, Req] = {}
         self.attn = [(g, n) for g, grp in enumerate(cfg.kv_cache_groups) for n in grp.layer_names
                      if not isinstance(grp.kv_cache_spec, MambaSpec)]
@@ -71,11 +72,12 @@ class Runner:
 
     # ------------------------------------------------------------ the "model"
     def _kv(self, r: Req, t: int, shape: torch.Size, layer: str) -> torch.Tensor:
-        return _digest(r.h(t + 1), layer.encode(), shape.numel()).view(shape)
+        return _digest(r.h(t + 1), f"{layer}@{self.rank}".encode(), shape.numel()).view(shape)
 
     def _state(self, r: Req, t: int, tensor: torch.Tensor, layer: str, j: int) -> torch.Tensor:
         shape = tensor.shape[1:]
-        return _digest(r.h(t), f"{layer}.s{j}".encode(), shape.numel()).view(shape).to(tensor.dtype)
+        return _digest(r.h(t), f"{layer}.s{j}@{self.rank}".encode(),
+                       shape.numel()).view(shape).to(tensor.dtype)
 
     def _check(self, rid: str, r: Req) -> None:
         c = r.computed

@@ -59,7 +59,7 @@ MODELS = {"nemotron_h": tiny_nemotron_h, "qwen3_next": tiny_qwen3_next}
 
 def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
                 policy: str = "recompute", num_blocks: int = 64, max_len: int = 512,
-                retention: int | None = 0) -> Any:
+                retention: int | None = 0, tp: int = 1) -> Any:
     """``retention``: vLLM's ``prefix_cache_retention_interval`` (0, its default: only the
     "semantic" boundaries such as a prompt's end are kept and offered to connectors; N: also
     every N tokens; None: every block boundary)."""
@@ -67,6 +67,7 @@ def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any
         CacheConfig,
         KVTransferConfig,
         ModelConfig,
+        ParallelConfig,
         SchedulerConfig,
         VllmConfig,
     )
@@ -86,11 +87,13 @@ def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any
     cc.prefix_cache_retention_interval = retention
     sc = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=max_len,
                          is_encoder_decoder=False)
-    return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=ktc)
+    return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=ktc,
+                      parallel_config=ParallelConfig(tensor_parallel_size=tp))
 
 
 def layer_specs(vc: Any) -> dict[str, Any]:
-    """``{layer name: KVCacheSpec}`` as vLLM's attention and Mamba layers build them."""
+    """``{layer name: KVCacheSpec}`` as vLLM's attention and Mamba layers build them, per
+    TP rank (state shapes from the model class's ``MambaStateShapeCalculator``)."""
     from vllm.model_executor.models.registry import ModelRegistry
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum as Backends
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
@@ -101,7 +104,8 @@ def layer_specs(vc: Any) -> dict[str, Any]:
     dtypes = cls.get_mamba_state_dtype_from_config(vc)
     hf = mc.hf_text_config
     mamba_type = Backends.GDN_ATTN if "Qwen3Next" in mc.architectures[0] else Backends.MAMBA2
-    attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=hf.num_key_value_heads,
+    tp = vc.parallel_config.tensor_parallel_size
+    attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=hf.num_key_value_heads // tp,
                              head_size=hf.head_dim, dtype=torch.float32)
     state = sum(torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
     assert attn.page_size_bytes >= state, "raise BLOCK: vLLM pads the state page to the KV page"

@@ -10,16 +10,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import select
-import signal
 import struct
-import time
 import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from crash_support import fork_and_kill
 from hostile_peers import crafted_blob
 from tier_helpers import make_key, make_payload, same_bits
 
@@ -175,28 +173,7 @@ def _child(path: Path, seed: int, start: int, wfd: int) -> None:  # pragma: no c
 
 
 def _round(path: Path, seed: int, start: int, delay: float) -> int:
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(rfd)
-        try:
-            _child(path, seed, start, wfd)
-        finally:
-            os._exit(1)
-    os.close(wfd)
-    buf = b""
-    deadline = time.monotonic() + delay
-    while (left := deadline - time.monotonic()) > 0:
-        if select.select([rfd], [], [], left)[0]:
-            chunk = os.read(rfd, 65536)
-            if not chunk:
-                break
-            buf += chunk
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    while chunk := os.read(rfd, 65536):
-        buf += chunk
-    os.close(rfd)
+    buf = fork_and_kill(lambda wfd: _child(path, seed, start, wfd), delay)
     return len(buf.split(b"\n")[:-1])
 
 

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import os
 import random
-import select
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from crash_support import fork_and_kill
 from tier_helpers import make_key
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
@@ -71,29 +69,7 @@ def child(path: Path, seed: int, start: int, wfd: int) -> None:
 def run_round(path: Path, seed: int, start: int, delay: float) -> tuple[int, bool]:
     """Fork a writer, kill it after ``delay`` s; return (batches acknowledged, whether the
     kill hit a put in progress)."""
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - child
-        os.close(rfd)
-        try:
-            child(path, seed, start, wfd)
-        finally:
-            os._exit(1)
-    os.close(wfd)
-    buf = b""
-    deadline = time.monotonic() + delay
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([rfd], [], [], left)
-        if ready:
-            chunk = os.read(rfd, 65536)
-            if not chunk:
-                break
-            buf += chunk
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    while chunk := os.read(rfd, 65536):
-        buf += chunk
-    os.close(rfd)
+    buf = fork_and_kill(lambda wfd: child(path, seed, start, wfd), delay)
     lines = buf.split(b"\n")[:-1]  # a torn last line is not a report
     done = [int(x[1:]) for x in lines if x.startswith(b"d")]
     started = [int(x[1:]) for x in lines if x.startswith(b"s")]

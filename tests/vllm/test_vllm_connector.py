@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
+import vllm_procs as vp  # noqa: E402
 import vllm_support as s  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
@@ -110,17 +111,7 @@ def _serve(env: dict[str, Any], connector: bool, evict_every: int = 2,
     worker = _worker(env, vc) if connector else None
     runner = h.Runner(env["cfg"], worker)
     if lose:  # every object vanishes from the worker's tiers right after it is stored
-        ex = worker.worker.worker.executor
-        orig = ex.submit
-
-        def submit(ops, payloads, **kw):  # type: ignore[no-untyped-def]
-            def done(indices, results):  # type: ignore[no-untyped-def]
-                for t in ex.tiers.values():
-                    t.remove(list(t.held_keys()))
-                kw["done"](indices, results)
-            return orig(ops, payloads, **{**kw, "done": done})
-
-        ex.submit = submit
+        vp.lose_everything(worker)
     outs = h.run(sched, runner, _requests(3), evict_every=evict_every)
     return outs, runner, sched
 

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 
-def _lose_everything(connector: Any) -> None:
+def lose_everything(connector: Any) -> None:
     """Every object vanishes from this rank's tiers right after it is stored (a load fault)."""
     ex = connector.worker.worker.executor
     orig = ex.submit
@@ -40,7 +40,7 @@ def _main(conn: Any, paths: list[str], vc: Any, cfg: Any, model_dir: str | None,
     vc.parallel_config.rank = rank  # what vLLM's WorkerBase sets in each worker
     wc = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg) if connector else None
     if lose and wc is not None:
-        _lose_everything(wc)
+        lose_everything(wc)
     runner = mr.ModelRunner(cfg, wc, model_dir) if model_dir else h.Runner(cfg, wc, rank=rank)
     while True:
         msg = conn.recv()

@@ -1,0 +1,160 @@
+"""The SGLang HiCache backend against SGLang 0.5.23's real storage module: built by
+SGLang's ``dynamic`` factory, v2 round trips per pool bit-identical through each tier,
+the ``batch_exists_v2`` answer SGLang's ``count_pool_hits`` then confirms, and the v1 and
+legacy calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("sglang")
+
+import torch  # noqa: E402
+from conftest import TIERS, tier_overrides  # noqa: E402
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    HiCacheStorage,
+    PoolHitPolicy,
+    PoolName,
+    PoolTransfer,
+    count_pool_hits,
+)
+from sglang_helpers import (  # noqa: E402
+    PAGE,
+    dynamic_backend,
+    kv_bytes,
+    kv_transfer,
+    page_hashes,
+    pools,
+    register,
+    slot_bytes,
+    state_transfer,
+)
+
+from hybrid_connector.integrations.sglang import HybridHiCacheStorage  # noqa: E402
+
+
+@pytest.fixture
+def make(tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., HiCacheStorage]:
+    made: list[HiCacheStorage] = []
+
+    def build(tier: str, **kw: str) -> HiCacheStorage:
+        redis = lambda: str(request.getfixturevalue("redis_server"))  # noqa: E731
+        b = dynamic_backend(tier_overrides(tier, tmp_path / str(len(made)), redis, **kw))
+        made.append(b)
+        return b
+
+    yield build
+    for b in made:
+        b.close()
+
+
+def test_the_dynamic_factory_builds_our_backend(make: Callable[..., HiCacheStorage]) -> None:
+    assert isinstance(make("host"), HybridHiCacheStorage)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_v2_round_trip_per_pool_is_bit_identical(tier: str, make: Callable[..., HiCacheStorage]) -> None:
+    backend = make(tier)
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    hashes = page_hashes(list(range(100, 100 + 6 * PAGE)))
+    done = backend.batch_set_v2([kv_transfer(hashes, 0), state_transfer(hashes[-1], 2)])
+    assert done == {"kv": [True] * 6, "mamba": [True]}
+    hit = backend.batch_exists_v2(hashes, [state_transfer(hashes[-1], None)])
+    assert (hit.kv_hit_pages, hit.restorable_prefix_pages) == (6, [6])
+    # Load into other host slots, as a prefetch does; the bytes are the ones stored.
+    got = backend.batch_get_v2([kv_transfer(hashes, 20), state_transfer(hashes[-1], 6)])
+    assert got == {"kv": [True] * 6, "mamba": [True]}
+    assert kv_bytes(kv, 20, 6) == kv_bytes(kv, 0, 6)
+    assert slot_bytes(mamba, 6) == slot_bytes(mamba, 2)
+    assert count_pool_hits(got) == {"kv": 6, "mamba": 1}
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_clear_forgets_this_ranks_pages(
+        tier: str, make: Callable[..., HiCacheStorage]) -> None:
+    backend = make(tier)
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    hashes = page_hashes(list(range(2 * PAGE)))
+    backend.batch_set_v2([kv_transfer(hashes, 0)])
+    assert backend.batch_exists_v2(hashes).kv_hit_pages == 2
+    backend.clear()
+    assert backend.batch_exists_v2(hashes).kv_hit_pages == 0
+
+
+def _save_request(backend: HiCacheStorage, hashes: list[str], first_page: int, slot: int) -> None:
+    """What SGLang's hybrid controller writes for a request: KV pages plus the state at
+    the last page (one MAMBA slot)."""
+    res = backend.batch_set_v2([state_transfer(hashes[-1], slot), kv_transfer(hashes, first_page)])
+    assert count_pool_hits(res) == {"kv": len(hashes), "mamba": 1}
+
+
+def test_exists_v2_gives_the_prefix_count_pool_hits_then_confirms(
+        make: Callable[..., HiCacheStorage]) -> None:
+    """Two turns of one conversation (states at pages 2 and 4), queried with a longer
+    prompt: the KV hit is 4 pages, restorable at 2 and 4; SGLang's controller re-aims the
+    trailing MAMBA key at the hit and loads: ``count_pool_hits`` equals the prefix."""
+    backend = make("host")
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    tokens = list(range(7, 7 + 6 * PAGE))
+    hashes = page_hashes(tokens)
+    _save_request(backend, hashes[:2], 0, 0)
+    _save_request(backend, hashes[:4], 0, 1)
+    hit = backend.batch_exists_v2(hashes, [state_transfer(hashes[-1], None)])
+    assert hit.kv_hit_pages == 4 and hit.restorable_prefix_pages == [2, 4]
+    assert hit.extra_pool_hit_pages == {"kv": 4, "mamba": 4}
+    n = hit.kv_hit_pages
+    got = backend.batch_get_v2([kv_transfer(hashes[:n], 10), state_transfer(hashes[n - 1], 5)])
+    assert count_pool_hits(got) == {"kv": n, "mamba": 1}
+    assert slot_bytes(mamba, 5) == slot_bytes(mamba, 1)
+    # Without the state at page 4 the usable prefix falls back to the state at page 2.
+    sid = backend.keys.key("mamba", hashes[3])  # type: ignore[attr-defined]
+    backend.store.remove([sid])  # type: ignore[attr-defined]
+    hit = backend.batch_exists_v2(hashes, [state_transfer(hashes[-1], None)])
+    assert (hit.kv_hit_pages, hit.restorable_prefix_pages) == (2, [2])
+
+
+def test_all_pages_policy_needs_every_page(make: Callable[..., HiCacheStorage]) -> None:
+    backend = make("host")
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    hashes = page_hashes(list(range(3 * PAGE)))
+    backend.batch_set_v2([kv_transfer(hashes, 0), state_transfer(hashes[0], 0)])
+    allp = PoolTransfer(name=PoolName.MAMBA, keys=hashes, hit_policy=PoolHitPolicy.ALL_PAGES)
+    assert backend.batch_exists_v2(hashes, [allp]).kv_hit_pages == 1
+
+
+def test_unsupported_pools_are_misses_not_errors(make: Callable[..., HiCacheStorage]) -> None:
+    backend = make("host")
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    hashes = page_hashes(list(range(2 * PAGE)))
+    backend.batch_set_v2([kv_transfer(hashes, 0)])
+    swa = PoolTransfer(name=PoolName.SWA, host_indices=torch.arange(2 * PAGE), keys=hashes,
+                       hit_policy=PoolHitPolicy.TRAILING_PAGES)
+    assert backend.batch_set_v2([swa]) == {"swa": [False, False]}
+    assert backend.batch_exists_v2(hashes, [swa]).kv_hit_pages == 0
+
+
+def test_v1_and_legacy_calls(make: Callable[..., HiCacheStorage]) -> None:
+    backend = make("host")
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    hashes = page_hashes(list(range(3 * PAGE)))
+    idx = torch.arange(0, 3 * PAGE)
+    assert backend.batch_set_v1(hashes, idx) == [True] * 3
+    assert backend.batch_exists(hashes) == 3 and backend.exists(hashes[0])
+    assert backend.batch_get_v1(hashes, torch.arange(8 * PAGE, 11 * PAGE)) == [True] * 3
+    assert kv_bytes(kv, 8, 3) == kv_bytes(kv, 0, 3)
+    value = torch.arange(24, dtype=torch.float32)
+    assert backend.set("legacy-key", value) and backend.exists("legacy-key")
+    out = torch.zeros(24)
+    assert backend.get("legacy-key", out) is out and torch.equal(out, value)
+    assert backend.get("other-key", torch.zeros(24)) is None
+    assert backend.batch_set(["a", "b"], [value, value]) is True
+    assert [t is not None for t in backend.batch_get(["a", "zz"], [torch.zeros(24)] * 2)] == [True, False]

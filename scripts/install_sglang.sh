@@ -3,7 +3,9 @@
 # dependencies (see ../shared/notes/cpu-installs.md):
 #   * sglang 0.5.23 with --no-deps (it pins a CUDA torch and sgl-kernel);
 #   * the light packages `sglang.srt.mem_cache.hicache_storage` (HiCacheStorage, HiCacheFile,
-#     PoolTransfer, count_pool_hits, HiCacheStorageFailureInjector) needs to import.
+#     PoolTransfer, count_pool_hits, HiCacheStorageFailureInjector), the storage backend factory
+#     and the page hash function need to import (found by trial: IPython only, next to what
+#     scripts/install_engines.sh installs).
 # torch stays the CPU build: every pip call here is constrained to the installed torch.
 # Usage: PYTHON=/path/to/venv/bin/python scripts/install_sglang.sh   (default: python3)
 # Idempotent; exits non-zero with a message on any failure.
@@ -27,8 +29,10 @@ import importlib.metadata as md, sys
 ok = md.version("sglang") == "0.5.23"
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: F401
     HiCacheFile, HiCacheStorage, HiCacheStorageFailureInjector, PoolHitPolicy, PoolName,
-    PoolTransfer,
+    PoolTransfer, count_pool_hits,
 )
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: F401
+from sglang.srt.mem_cache.utils import get_hash_str  # noqa: F401
 sys.exit(0 if ok else 1)
 PY
 }

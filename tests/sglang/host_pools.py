@@ -42,11 +42,12 @@ class KVHostPool:
 
 class MambaHostPool:
     def __init__(self, size: int, layers: int, temporal: Sequence[int],
-                 convs: Sequence[Sequence[int]], seed: int = 0) -> None:
+                 convs: Sequence[Sequence[int]], seed: int = 0,
+                 conv_dtype: torch.dtype = torch.bfloat16) -> None:
         self.page_size, self.size, self.layout = 1, size, "page_first"
         g = torch.Generator().manual_seed(seed)
         self.temporal_buffer = torch.randn(size, layers, *temporal, generator=g)
-        self.conv_buffer = [torch.randn(size, layers, *c, generator=g).to(torch.bfloat16)
+        self.conv_buffer = [torch.randn(size, layers, *c, generator=g).to(conv_dtype)
                             for c in convs]
 
     def _tensors(self, index: int) -> list[torch.Tensor]:

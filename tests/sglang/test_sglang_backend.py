@@ -158,3 +158,10 @@ def test_v1_and_legacy_calls(make: Callable[..., HiCacheStorage]) -> None:
     assert backend.get("other-key", torch.zeros(24)) is None
     assert backend.batch_set(["a", "b"], [value, value]) is True
     assert [t is not None for t in backend.batch_get(["a", "zz"], [torch.zeros(24)] * 2)] == [True, False]
+
+
+def test_bad_configuration_is_refused_at_start_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="overrides must be a mapping"):
+        dynamic_backend("not a mapping")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="pools"):
+        dynamic_backend({"pools": {"host": {"kv": "lots"}}})

@@ -32,9 +32,9 @@ def storage_config(extra: dict[str, Any], tp_rank: int = 0, tp_size: int = 1,
 
 
 def pools(seed: int = 0, kv_pages: int = 32, slots: int = 8) -> tuple[KVHostPool, MambaHostPool]:
-    """A KV host pool (512 B pages of 4 tokens) and a MAMBA host pool (1096 B slots)."""
+    """A KV host pool (512 B pages of 4 tokens) and a MAMBA host pool (640 B slots)."""
     kv = KVHostPool(kv_pages * PAGE, PAGE, layers=2, heads=2, dim=8, seed=seed)
-    mamba = MambaHostPool(slots, layers=2, temporal=(8, 8), convs=[(6, 3)], seed=seed + 1)
+    mamba = MambaHostPool(slots, layers=2, temporal=(8, 8), convs=[(8, 4)], seed=seed + 1)
     return kv, mamba
 
 

@@ -165,3 +165,29 @@ def test_bad_configuration_is_refused_at_start_with_the_reason(tmp_path: Path) -
         dynamic_backend("not a mapping")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="pools"):
         dynamic_backend({"pools": {"host": {"kv": "lots"}}})
+
+
+def test_a_full_host_pool_demotes_to_nvme_and_pages_still_load_bit_identical(tmp_path: Path) -> None:
+    """Host pools of 8 KV pages and 2 states over NVMe: older requests move down a tier
+    (states by their own pool's order) and still hit, byte for byte."""
+    backend = dynamic_backend({
+        "pools": {"host": {"kv": 8 * 512, "state": 2 * 640},
+                  "disk": {"kv": "1MB", "state": "1MB"}},
+        "local_disk": str(tmp_path / "nvme"), "max_local_disk_size": "4MB", "disk_fsync": False})
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    reqs = [page_hashes(list(range(1000 * r, 1000 * r + 4 * PAGE))) for r in range(3)]
+    for r, hs in enumerate(reqs):
+        _save_request(backend, hs, 4 * r, r)
+    store = backend.store  # type: ignore[attr-defined]
+    where = [store.where([backend.keys.key("mamba", hs[-1])])[0] for hs in reqs]  # type: ignore[attr-defined]
+    assert where == ["nvme", "host", "host"]
+    assert store.where([backend.keys.key("kv", reqs[0][0])]) == ["nvme"]  # type: ignore[attr-defined]
+    for r, hs in enumerate(reqs):
+        hit = backend.batch_exists_v2(hs, [state_transfer(hs[-1], None)])
+        assert hit.kv_hit_pages == 4
+        got = backend.batch_get_v2([kv_transfer(hs, 16), state_transfer(hs[-1], 7)])
+        assert count_pool_hits(got) == {"kv": 4, "mamba": 1}
+        assert kv_bytes(kv, 16, 4) == kv_bytes(kv, 4 * r, 4)
+        assert slot_bytes(mamba, 7) == slot_bytes(mamba, r)
+    backend.close()

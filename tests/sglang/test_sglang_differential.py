@@ -45,7 +45,7 @@ from sglang_helpers import (  # noqa: E402
 
 from hybrid_connector.integrations.sglang import HybridHiCacheStorage  # noqa: E402
 
-KV_PAGE, STATE = 512, 1096  # bytes of one page of ``pools()`` and of one MAMBA slot
+KV_PAGE, STATE = 512, 640  # bytes of one page of ``pools()`` and of one MAMBA slot
 
 
 def _pair(tmp_path: Path, file_extra: dict[str, Any], ours: dict[str, Any]) -> list[HiCacheStorage]:
@@ -100,8 +100,8 @@ def test_same_calls_same_answers_and_same_bytes(tmp_path: Path) -> None:
 
 def test_under_pressure_ours_leaves_no_dead_kv_behind_an_evicted_state(tmp_path: Path) -> None:
     """Three requests of 4 pages plus a state each. ``HiCacheFile`` capped at 8 pages and 2
-    states plus 2 pages; ours with pools of exactly 8 pages and 2 states (less room)."""
-    theirs, ours = _pair(tmp_path, {"max_size": 10 * KV_PAGE + 2 * STATE},
+    states plus 3 pages; ours with pools of exactly 8 pages and 2 states (less room)."""
+    theirs, ours = _pair(tmp_path, {"max_size": 11 * KV_PAGE + 2 * STATE},
                          {"pools": {"host": {"kv": 8 * KV_PAGE, "state": 2 * STATE}}})
     reqs = [page_hashes(list(range(1000 * r, 1000 * r + 4 * PAGE))) for r in range(3)]
     held: dict[str, list[list[bool]]] = {}
@@ -118,6 +118,7 @@ def test_under_pressure_ours_leaves_no_dead_kv_behind_an_evicted_state(tmp_path:
     assert held["theirs"][0] == [False, True, True, True]
     # Ours: request 0's KV run went with it; nothing unusable is held.
     assert held["ours"][0] == [False] * 4
+    assert ours.store.where([ours.keys.key("mamba", reqs[0][-1])]) == [None]  # type: ignore[attr-defined]
     assert held["ours"][1:] == held["theirs"][1:] == [[True] * 4] * 2
     ours.close()
 

@@ -21,7 +21,9 @@ our store adds over SGLang's file backend:
 
 * states live in their own pool (``pools.<tier>.state``), sized in bytes of states and
   never a fraction of KV: KV pressure cannot evict a state, so a prefix's KV is never left
-  as dead memory behind an evicted state (SGLang #29034, #39436, #39851);
+  as dead memory behind an evicted state (SGLang #29034, #39436, #39851); and when the
+  store drops a KV page on its own, the state keyed by that page (which needs it) goes
+  with it;
 * eviction per pool across tiers (the ledger's least recently used order, demoting to the
   slower tier before dropping), payload checksums on NVMe, and a remote tier;
 * the host-pool layout is part of the key fingerprint (SGLang's file backend keys bytes
@@ -57,6 +59,7 @@ from hybrid_connector.config import HybridConfig, load_config
 from hybrid_connector.integrations.sglang_keys import KV_POOL, PageKeys, restorable_prefixes
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.manager import TierManager
+from tiers.store import StoreHooks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,7 +128,19 @@ class HybridHiCacheStorage(HiCacheStorage):
                      "cp_size": sc.attn_cp_size, "dp_rank": sc.dp_rank}
             self._keys = PageKeys(sc.model_name or "", page, layout, shard,
                                   kv_replicated=sc.is_mla_model)
+            try:
+                self.store.attach(self._keys.fingerprints[KV_POOL],
+                                  StoreHooks(on_drop=self._kv_dropped))
+            except ValueError as e:  # another backend of this rank's KV on the same store
+                log.warning("%s; states whose last KV page is dropped stay until evicted", e)
         return self._keys
+
+    def _kv_dropped(self, keys: Sequence[ObjectKey]) -> None:
+        """The store dropped KV pages on its own: the states at the end of those pages can
+        never be restored, so they go too (no dead state memory)."""
+        keys_ = self.keys
+        self._safe("drop", lambda: self.store.remove(
+            [keys_.state_of(k) for k in keys if k.kind is ObjectKind.KV]), None)
 
     # ------------------------------------------------------------------ safety
     def _safe(self, what: str, fn: Callable[[], T], miss: T) -> T:

@@ -87,6 +87,12 @@ class PageKeys:
         return ObjectKey(self.fingerprints[pool], hash_bytes(page_hash), kind, 0, end)
 
 
+    def state_of(self, kv_key: ObjectKey) -> ObjectKey:
+        """The MAMBA state keyed by the same page hash as ``kv_key``: the state at the end
+        of that page, which cannot be restored without it."""
+        return ObjectKey(self.fingerprints[MAMBA_POOL], kv_key.prefix, ObjectKind.STATE, 0, 0)
+
+
 def leading(present: Sequence[bool]) -> int:
     """Length of the leading run of True."""
     return next((i for i, ok in enumerate(present) if not ok), len(present))

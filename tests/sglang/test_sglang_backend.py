@@ -191,3 +191,20 @@ def test_a_full_host_pool_demotes_to_nvme_and_pages_still_load_bit_identical(tmp
         assert kv_bytes(kv, 16, 4) == kv_bytes(kv, 4 * r, 4)
         assert slot_bytes(mamba, 7) == slot_bytes(mamba, r)
     backend.close()
+
+
+def test_a_state_goes_when_the_kv_page_it_ends_on_is_dropped(make: Callable[..., HiCacheStorage]) -> None:
+    """KV pool of 4 pages, state pool of 4 states: the second request pushes the first's
+    KV out of the only tier; the first's state, which needs that KV, is dropped with it."""
+    backend = make("host", kv=str(4 * 512), state=str(4 * 640))
+    kv, mamba = pools()
+    register(backend, kv, mamba)
+    a = page_hashes(list(range(4 * PAGE)))
+    b = page_hashes(list(range(500, 500 + 4 * PAGE)))
+    _save_request(backend, a, 0, 0)
+    _save_request(backend, b, 4, 1)
+    where = backend.store.where  # type: ignore[attr-defined]
+    key = backend.keys.key  # type: ignore[attr-defined]
+    assert where([key("kv", h) for h in a]) == [None] * 4
+    assert where([key("mamba", a[-1]), key("mamba", b[-1])]) == [None, "host"]
+    assert backend.batch_exists_v2(b, [state_transfer(b[-1], None)]).kv_hit_pages == 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from host_pools import KVHostPool, MambaHostPool
+from host_pools import KVHostPool, sglang_mamba_pool
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorage,
     HiCacheStorageConfig,
@@ -31,14 +31,16 @@ def storage_config(extra: dict[str, Any], tp_rank: int = 0, tp_size: int = 1,
         is_page_first_layout=True, model_name=model, extra_config=extra)
 
 
-def pools(seed: int = 0, kv_pages: int = 32, slots: int = 8) -> tuple[KVHostPool, MambaHostPool]:
-    """A KV host pool (512 B pages of 4 tokens) and a MAMBA host pool (640 B slots)."""
+def pools(seed: int = 0, kv_pages: int = 32, slots: int = 8) -> tuple[KVHostPool, Any]:
+    """A KV host pool (512 B pages of 4 tokens) and SGLang's own MAMBA host pool (640 B
+    slots; at least ``slots``: SGLang sizes it from the device pool)."""
     kv = KVHostPool(kv_pages * PAGE, PAGE, layers=2, heads=2, dim=8, seed=seed)
-    mamba = MambaHostPool(slots, layers=2, temporal=(8, 8), convs=[(8, 4)], seed=seed + 1)
+    mamba = sglang_mamba_pool(slots, layers=2, temporal=(8, 8), convs=[(8, 4)], seed=seed + 1)
+    assert mamba.get_data_page(0).numel() == 640
     return kv, mamba
 
 
-def register(backend: HiCacheStorage, kv: KVHostPool, mamba: MambaHostPool) -> None:
+def register(backend: HiCacheStorage, kv: KVHostPool, mamba: Any) -> None:
     """As SGLang's hybrid controller does: the anchor pool, then each v2 pool."""
     backend.register_mem_pool_host(kv)  # type: ignore[arg-type]
     backend.register_mem_host_pool_v2(kv, PoolName.KV)  # type: ignore[arg-type]
@@ -76,5 +78,5 @@ def kv_bytes(kv: KVHostPool, first_page: int, n: int) -> bytes:
         .view(torch.uint8).numpy().tobytes()
 
 
-def slot_bytes(mamba: MambaHostPool, slot: int) -> bytes:
+def slot_bytes(mamba: Any, slot: int) -> bytes:
     return mamba.get_data_page(slot).numpy().tobytes()

@@ -1,7 +1,7 @@
 """Exactness through SGLang's host-pool layouts (SGLang #39830 reports wrong output on
 host-tier hits with GDN models): a tiny transformers Qwen3.5 (GDN + attention) prefills
-part of a prompt; its real KV and GDN states are written into a KV host pool and a MAMBA
-host pool in SGLang's ``page_first`` layouts, stored through our backend, loaded back into
+part of a prompt; its real KV and GDN states are written into a KV host pool and SGLang's
+own ``MambaPoolHost``, both in SGLang's ``page_first`` layouts, stored through our backend, loaded back into
 other host slots on a later request's hit, restored into a fresh transformers cache and
 resumed. The resumed logits equal resuming from the model's own cache bit for bit, and a
 full prefill within float tolerance; the restored tensors equal a full prefill's."""
@@ -26,7 +26,7 @@ from hf_support import (  # noqa: E402
     runtime,
     tiny_model,
 )
-from host_pools import KVHostPool, MambaHostPool  # noqa: E402
+from host_pools import KVHostPool, sglang_mamba_pool  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import count_pool_hits  # noqa: E402
 from sglang_helpers import dynamic_backend, page_hashes, register, state_transfer  # noqa: E402
 from sglang_helpers import kv_transfer as _kv_transfer  # noqa: E402
@@ -57,14 +57,14 @@ def test_qwen3_5_resumes_exactly_from_pages_and_a_state_stored_through_sglang_la
     kv_pool.kv_buffer.zero_()
     (conv0, rec0) = next(iter(states.values()))
     assert rec0 is not None
-    mamba = MambaHostPool(4, len(states), tuple(rec0.shape), [tuple(conv0.shape)],
-                          conv_dtype=conv0.dtype)
+    mamba = sglang_mamba_pool(4, len(states), tuple(rec0.shape), [tuple(conv0.shape)],
+                              temporal_dtype=rec0.dtype, conv_dtype=conv0.dtype, seed=None)
     for j, layer in enumerate(att):
         kv_pool.kv_buffer[0, :P, j] = kv_parts[f"layers.{layer}.k"]
         kv_pool.kv_buffer[1, :P, j] = kv_parts[f"layers.{layer}.v"]
     for j, (conv, rec) in enumerate(states.values()):
-        mamba.conv_buffer[0][1, j] = conv
-        mamba.temporal_buffer[1, j] = rec
+        mamba.conv_buffer[0][1, j, 0] = conv
+        mamba.temporal_buffer[1, j, 0] = rec
 
     backend = dynamic_backend(tier_overrides(tier, tmp_path, lambda: ""))
     register(backend, kv_pool, mamba)
@@ -85,8 +85,8 @@ def test_qwen3_5_resumes_exactly_from_pages_and_a_state_stored_through_sglang_la
     kv_payload = ad.kv_layout(P).pack({n: loaded[n] for n in ad.kv_layout(P).names})
     parts = {}
     for j, s in enumerate(ad.recurrent):
-        parts[s.conv_part] = mamba.conv_buffer[0][3, j]
-        parts[s.rec_part] = mamba.temporal_buffer[3, j]
+        parts[s.conv_part] = mamba.conv_buffer[0][3, j, 0]
+        parts[s.rec_part] = mamba.temporal_buffer[3, j, 0]
     state = ad.state_layout.pack({n: parts[n] for n in ad.state_layout.names})
     restored = ad.restore([kv_payload], [(0, P)], P, state)
     assert_restored_exact(ad, model, toks.tolist(), restored, P, rtol=0.0)

@@ -25,7 +25,9 @@ our store adds over SGLang's file backend:
   store drops a KV page on its own, the state keyed by that page (which needs it) goes
   with it;
 * eviction per pool across tiers (the ledger's least recently used order, demoting to the
-  slower tier before dropping), payload checksums on NVMe, and a remote tier;
+  slower tier before dropping), payload checksums on NVMe, and a remote tier shared by
+  instances: pages another instance of the same model and rank stored there are found
+  (one batched existence check) and adopted;
 * the host-pool layout is part of the key fingerprint (SGLang's file backend keys bytes
   without it), so pages written in one layout never load into another.
 
@@ -72,15 +74,17 @@ def _name(value: object) -> str:
 
 
 def _config(storage_config: HiCacheStorageConfig) -> HybridConfig:
+    """The config named by the extra config, with ``local_disk`` narrowed to this rank's
+    own directory (one NVMe tier instance per directory; every rank process has its own)."""
     extra = dict(storage_config.extra_config or {})
     overrides = extra.get("overrides") or {}
     if not isinstance(overrides, dict):
         raise ValueError(f"extra_config.overrides must be a mapping, got {overrides!r}")
     config = load_config(extra.get("config_file"), overrides=overrides)
-    ranks = storage_config.tp_size * storage_config.pp_size * storage_config.attn_cp_size
-    if config.local_disk and ranks > 1:  # one NVMe directory per rank: files are per shard
-        sub = (f"{config.disk_path}/tp{storage_config.tp_rank}_pp{storage_config.pp_rank}"
-               f"_cp{storage_config.attn_cp_rank}")
+    if config.local_disk:
+        sc = storage_config
+        sub = (f"{config.disk_path}/tp{sc.tp_rank}_{sc.tp_size}_pp{sc.pp_rank}_{sc.pp_size}"
+               f"_cp{sc.attn_cp_rank}_{sc.attn_cp_size}_dp{sc.dp_rank}")
         config = load_config(extra.get("config_file"), overrides={**overrides, "local_disk": sub})
     return config
 
@@ -151,9 +155,35 @@ class HybridHiCacheStorage(HiCacheStorage):
             return miss
 
     def _present(self, pool: str, hashes: Sequence[str]) -> list[bool]:
+        """Which pages this store holds; on a shared (remote) tier, pages other instances
+        of this model and rank wrote are found too and tracked from then on."""
         if not self.keys.supports(pool):
             return [False] * len(hashes)
-        return [t is not None for t in self.store.where([self.keys.key(pool, h) for h in hashes])]
+        keys = [self.keys.key(pool, h) for h in hashes]
+        found = [t is not None for t in self.store.where(keys)]
+        if not all(found) and self.store.ledger.shared_tier is not None:
+            self._discover(pool, keys, found)
+        return found
+
+    def _discover(self, pool: str, keys: list[ObjectKey], found: list[bool]) -> None:
+        """Ask the shared tier (one batched existence check, its deadline) about the keys
+        not found, and adopt those it holds as shared-only entries (``found`` updated)."""
+        host = self.registered_pools.get(pool)
+        shared = self.store.ledger.shared_tier
+        if host is None or shared is None or self.store.executor is None:
+            return
+        page = host.get_dummy_flat_data_page()
+        nbytes = page.numel() * page.element_size()
+        ask = [i for i, ok in enumerate(found) if not ok]
+        held = self.store.executor.tiers[shared].contains([keys[i] for i in ask])
+        dropped: list[ObjectKey] = []
+        for i, there in zip(ask, held, strict=True):
+            if there:
+                with self.store.lock:
+                    placement = self.store.ledger.adopt_shared(keys[i], nbytes)
+                dropped += placement.dropped
+                found[i] = placement.tier is not None
+        self.store.report_dropped(dropped)
 
     # ------------------------------------------------------------------ v2
     def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
@@ -274,11 +304,13 @@ class HybridHiCacheStorage(HiCacheStorage):
 
     # ------------------------------------------------------------------ lifecycle
     def clear(self) -> None:
-        """Forget every object of this rank's fingerprints (other models keep theirs)."""
+        """Forget every object of this rank's fingerprints (other models keep theirs).
+        Copies on a shared tier stay there (the remote tier never deletes: other instances
+        read them), so later lookups may find them again."""
         def run() -> None:
             fps = set(self.keys.fingerprints.values())
-            for kind in ObjectKind:
-                self.store.remove([k for k in self.store.keys(kind) if k.fingerprint in fps])
+            self.store.remove([k for kind in ObjectKind for k in self.store.keys(kind)
+                               if k.fingerprint in fps])
         self._safe("clear", run, None)
 
     def get_stats(self) -> Any:

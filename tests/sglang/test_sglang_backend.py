@@ -83,7 +83,8 @@ def test_clear_forgets_this_ranks_pages(
     backend.batch_set_v2([kv_transfer(hashes, 0)])
     assert backend.batch_exists_v2(hashes).kv_hit_pages == 2
     backend.clear()
-    assert backend.batch_exists_v2(hashes).kv_hit_pages == 0
+    # The shared (remote) tier keeps its copies for other instances: found again there.
+    assert backend.batch_exists_v2(hashes).kv_hit_pages == (2 if tier == "remote" else 0)
 
 
 def _save_request(backend: HiCacheStorage, hashes: list[str], first_page: int, slot: int) -> None:
@@ -208,3 +209,66 @@ def test_a_state_goes_when_the_kv_page_it_ends_on_is_dropped(make: Callable[...,
     assert where([key("kv", h) for h in a]) == [None] * 4
     assert where([key("mamba", a[-1]), key("mamba", b[-1])]) == [None, "host"]
     assert backend.batch_exists_v2(b, [state_transfer(b[-1], None)]).kv_hit_pages == 4
+
+
+def test_a_restarted_backend_finds_its_nvme_pages(tmp_path: Path) -> None:
+    """SGLang restarts: a new backend over the same NVMe directory hits on what the old
+    one stored, bytes included (the tier re-reads its objects at start)."""
+    over = tier_overrides("nvme", tmp_path, lambda: "")
+    first = dynamic_backend(over)
+    kv, mamba = pools()
+    register(first, kv, mamba)
+    hashes = page_hashes(list(range(3 * PAGE)))
+    _save_request(first, hashes, 0, 0)
+    first.close()
+    again = dynamic_backend(over)
+    kv2, mamba2 = pools(seed=5)
+    register(again, kv2, mamba2)
+    assert again.batch_exists_v2(hashes, [state_transfer(hashes[-1], None)]).kv_hit_pages == 3
+    got = again.batch_get_v2([kv_transfer(hashes, 8), state_transfer(hashes[-1], 4)])
+    assert count_pool_hits(got) == {"kv": 3, "mamba": 1}
+    assert kv_bytes(kv2, 8, 3) == kv_bytes(kv, 0, 3) and slot_bytes(mamba2, 4) == slot_bytes(mamba, 0)
+    again.close()
+
+
+def test_tp_ranks_keep_their_own_shards(tmp_path: Path, redis_server: str) -> None:
+    """Two TP ranks: one NVMe directory each under ``local_disk``; on a shared remote tier
+    neither sees the other's KV or state shard (their bytes differ)."""
+    over = {"pools": {"disk": {"kv": "1MB", "state": "1MB"}, "remote": {"kv": "1MB", "state": "1MB"}},
+            "local_cpu": False, "local_disk": str(tmp_path / "nvme"), "max_local_disk_size": "4MB",
+            "disk_fsync": False, "remote_url": redis_server}
+    ranks = [dynamic_backend(over, tp_rank=r, tp_size=2, model="tp-test") for r in (0, 1)]
+    for r, b in enumerate(ranks):
+        register(b, *pools(seed=r))
+    hashes = page_hashes(list(range(77, 77 + 2 * PAGE)))
+    _save_request(ranks[0], hashes, 0, 0)
+    assert ranks[0].batch_exists_v2(hashes).kv_hit_pages == 2
+    assert ranks[1].batch_exists_v2(hashes).kv_hit_pages == 0
+    assert sorted(p.name for p in (tmp_path / "nvme").iterdir()) == [
+        "tp0_2_pp0_1_cp0_1_dp0", "tp1_2_pp0_1_cp0_1_dp0"]
+    for b in ranks:
+        b.close()
+
+
+def test_another_instance_finds_pages_on_the_shared_remote_tier(tmp_path: Path, redis_server: str) -> None:
+    """Two SGLang instances of one model (separate stores) share a real redis tier: the
+    second hits on what the first stored, bytes included; another rank's shard does not."""
+    over = {"local_cpu": False, "remote_url": redis_server,
+            "pools": {"remote": {"kv": "1MB", "state": "1MB"}}}
+    writer, reader = dynamic_backend(over, model="shared"), dynamic_backend(over, model="shared")
+    other_rank = dynamic_backend(over, model="shared", tp_rank=1, tp_size=2)
+    kv, mamba = pools()
+    register(writer, kv, mamba)
+    kv2, mamba2 = pools(seed=9)
+    register(reader, kv2, mamba2)
+    register(other_rank, *pools(seed=3))
+    hashes = page_hashes(list(range(333, 333 + 3 * PAGE)))
+    _save_request(writer, hashes, 0, 0)
+    hit = reader.batch_exists_v2(hashes, [state_transfer(hashes[-1], None)])
+    assert (hit.kv_hit_pages, hit.restorable_prefix_pages) == (3, [3])
+    got = reader.batch_get_v2([kv_transfer(hashes, 8), state_transfer(hashes[-1], 4)])
+    assert count_pool_hits(got) == {"kv": 3, "mamba": 1}
+    assert kv_bytes(kv2, 8, 3) == kv_bytes(kv, 0, 3) and slot_bytes(mamba2, 4) == slot_bytes(mamba, 0)
+    assert other_rank.batch_exists_v2(hashes).kv_hit_pages == 0
+    for b in (writer, reader, other_rank):
+        b.close()

@@ -65,7 +65,6 @@ from tiers.store import StoreHooks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_RESERVED = ("backend_name", "module_path", "class_name", "config_file", "overrides")
 
 
 def _name(value: object) -> str:
@@ -120,24 +119,27 @@ class HybridHiCacheStorage(HiCacheStorage):
 
     @property
     def keys(self) -> PageKeys:
-        """Key maker; built on first use, once the KV host pool gives the page size."""
-        if self._keys is None:
-            sc = self.storage_config
-            kv = self.registered_pools.get(KV_POOL)
-            page = int(getattr(kv, "page_size", 0) or self._page_size or 1)
-            layout = str(getattr(kv, "layout", "page_first" if sc.is_page_first_layout
-                                 else "layer_first"))
-            shard = {"tp_rank": sc.tp_rank, "tp_size": sc.tp_size, "pp_rank": sc.pp_rank,
-                     "pp_size": sc.pp_size, "cp_rank": sc.attn_cp_rank,
-                     "cp_size": sc.attn_cp_size, "dp_rank": sc.dp_rank}
-            self._keys = PageKeys(sc.model_name or "", page, layout, shard,
-                                  kv_replicated=sc.is_mla_model)
-            try:
-                self.store.attach(self._keys.fingerprints[KV_POOL],
-                                  StoreHooks(on_drop=self._kv_dropped))
-            except ValueError as e:  # another backend of this rank's KV on the same store
-                log.warning("%s; states whose last KV page is dropped stay until evicted", e)
-        return self._keys
+        """Key maker. Kept once the KV host pool is registered (its page size and layout
+        are part of the fingerprints); before that, built from the storage config alone."""
+        if self._keys is not None:
+            return self._keys
+        sc = self.storage_config
+        kv = self.registered_pools.get(KV_POOL)
+        page = int(getattr(kv, "page_size", 0) or self._page_size or 1)
+        layout = str(getattr(kv, "layout", "page_first" if sc.is_page_first_layout
+                             else "layer_first"))
+        # DP groups hold the same shards (tp_rank is attention-group local): not in keys.
+        shard = {"tp_rank": sc.tp_rank, "tp_size": sc.tp_size, "pp_rank": sc.pp_rank,
+                 "pp_size": sc.pp_size, "cp_rank": sc.attn_cp_rank, "cp_size": sc.attn_cp_size}
+        keys = PageKeys(sc.model_name or "", page, layout, shard, kv_replicated=sc.is_mla_model)
+        if kv is None:
+            return keys
+        self._keys = keys
+        try:
+            self.store.attach(keys.fingerprints[KV_POOL], StoreHooks(on_drop=self._kv_dropped))
+        except ValueError as e:  # another backend of this rank's KV on the same store
+            log.warning("%s; states whose last KV page is dropped stay until evicted", e)
+        return keys
 
     def _kv_dropped(self, keys: Sequence[ObjectKey]) -> None:
         """The store dropped KV pages on its own: the states at the end of those pages can

@@ -4,6 +4,8 @@ from SGLang's own hash function, and the v2 transfers SGLang sends."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +21,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str
 
 PAGE = 4
+TIERS = ("host", "nvme", "remote")
 DYNAMIC = {"backend_name": "hybrid", "module_path": "hybrid_connector.integrations.sglang",
            "class_name": "HybridHiCacheStorage"}
 
@@ -80,3 +83,17 @@ def kv_bytes(kv: KVHostPool, first_page: int, n: int) -> bytes:
 
 def slot_bytes(mamba: Any, slot: int) -> bytes:
     return mamba.get_data_page(slot).numpy().tobytes()
+
+
+def tier_overrides(tier: str, tmp_path: Path, redis: Callable[[], str],
+                   kv: str = "4MB", state: str = "1MB") -> dict[str, Any]:
+    """``load_config`` overrides with ``tier`` as the only tier (budgets per kind)."""
+    pools = {"kv": kv, "state": state}
+    if tier == "host":
+        return {"pools": {"host": pools}}
+    if tier == "nvme":
+        return {"local_cpu": False, "local_disk": str(tmp_path / "nvme"),
+                "max_local_disk_size": "64MB", "disk_fsync": False, "pools": {"disk": pools}}
+    if tier == "remote":
+        return {"local_cpu": False, "remote_url": redis(), "pools": {"remote": pools}}
+    raise ValueError(tier)

@@ -13,7 +13,6 @@ import pytest
 pytest.importorskip("sglang")
 
 import torch  # noqa: E402
-from conftest import TIERS, tier_overrides  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorage,
     PoolHitPolicy,
@@ -23,6 +22,7 @@ from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
 )
 from sglang_helpers import (  # noqa: E402
     PAGE,
+    TIERS,
     dynamic_backend,
     kv_bytes,
     kv_transfer,
@@ -31,6 +31,7 @@ from sglang_helpers import (  # noqa: E402
     register,
     slot_bytes,
     state_transfer,
+    tier_overrides,
 )
 
 from hybrid_connector.integrations.sglang import HybridHiCacheStorage  # noqa: E402

@@ -18,7 +18,6 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hf"))
 
 import torch  # noqa: E402
-from conftest import tier_overrides  # noqa: E402
 from hf_support import (  # noqa: E402
     _one_thread,  # noqa: F401 - autouse: one torch thread for tiny models
     assert_restored_exact,
@@ -28,7 +27,13 @@ from hf_support import (  # noqa: E402
 )
 from host_pools import KVHostPool, sglang_mamba_pool  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import count_pool_hits  # noqa: E402
-from sglang_helpers import dynamic_backend, page_hashes, register, state_transfer  # noqa: E402
+from sglang_helpers import (  # noqa: E402
+    dynamic_backend,
+    page_hashes,
+    register,
+    state_transfer,
+    tier_overrides,
+)
 from sglang_helpers import kv_transfer as _kv_transfer  # noqa: E402
 
 from hybrid_connector.integrations.hf_state import new_model_cache  # noqa: E402

@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("sglang")
 
 import torch  # noqa: E402
-from conftest import tier_overrides  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheStorageFailureInjector,
     PoolHitPolicy,
@@ -27,6 +26,7 @@ from sglang_helpers import (  # noqa: E402
     register,
     slot_bytes,
     state_transfer,
+    tier_overrides,
 )
 from tier_servers import run_redis  # noqa: E402
 

@@ -88,12 +88,12 @@ def slot_bytes(mamba: Any, slot: int) -> bytes:
 def tier_overrides(tier: str, tmp_path: Path, redis: Callable[[], str],
                    kv: str = "4MB", state: str = "1MB") -> dict[str, Any]:
     """``load_config`` overrides with ``tier`` as the only tier (budgets per kind)."""
-    pools = {"kv": kv, "state": state}
+    budget = {"kv": kv, "state": state}
     if tier == "host":
-        return {"pools": {"host": pools}}
+        return {"pools": {"host": budget}}
     if tier == "nvme":
         return {"local_cpu": False, "local_disk": str(tmp_path / "nvme"),
-                "max_local_disk_size": "64MB", "disk_fsync": False, "pools": {"disk": pools}}
+                "max_local_disk_size": "64MB", "disk_fsync": False, "pools": {"disk": budget}}
     if tier == "remote":
-        return {"local_cpu": False, "remote_url": redis(), "pools": {"remote": pools}}
+        return {"local_cpu": False, "remote_url": redis(), "pools": {"remote": budget}}
     raise ValueError(tier)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install SGLang 0.5.23 on CPU for the HiCache storage backend tests, without its CUDA
+# dependencies (see ../shared/notes/cpu-installs.md):
+#   * sglang 0.5.23 with --no-deps (it pins a CUDA torch and sgl-kernel);
+#   * the light packages `sglang.srt.mem_cache.hicache_storage` (HiCacheStorage, HiCacheFile,
+#     PoolTransfer, count_pool_hits, HiCacheStorageFailureInjector), the storage backend factory
+#     and the page hash function need to import (found by trial: IPython only, next to what
+#     scripts/install_engines.sh installs).
+# torch stays the CPU build: every pip call here is constrained to the installed torch.
+# Usage: PYTHON=/path/to/venv/bin/python scripts/install_sglang.sh   (default: python3)
+# Idempotent; exits non-zero with a message on any failure.
+set -euo pipefail
+
+PYTHON="${PYTHON:-python3}"
+SGLANG_VERSION="0.5.23"
+LIGHT_DEPS=(IPython)
+
+die() { echo "install_sglang.sh: $*" >&2; exit 1; }
+
+TORCH=$("$PYTHON" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null) \
+    || die "$PYTHON cannot import torch; install torch==2.13.0 first (never a CUDA build here)"
+CONSTRAINTS=$(mktemp)
+trap 'rm -f "$CONSTRAINTS"' EXIT
+echo "torch==${TORCH}" > "$CONSTRAINTS"
+
+have_sglang() {
+    "$PYTHON" - <<'PY' >/dev/null 2>&1
+import importlib.metadata as md, sys
+ok = md.version("sglang") == "0.5.23"
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: F401
+    HiCacheFile, HiCacheStorage, HiCacheStorageFailureInjector, PoolHitPolicy, PoolName,
+    PoolTransfer, count_pool_hits,
+)
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: F401
+from sglang.srt.mem_cache.utils import get_hash_str  # noqa: F401
+sys.exit(0 if ok else 1)
+PY
+}
+
+if ! have_sglang; then
+    PIP=("$PYTHON" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS")
+    "${PIP[@]}" --no-deps "sglang==${SGLANG_VERSION}" || die "pip install sglang==${SGLANG_VERSION} failed"
+    "${PIP[@]}" "${LIGHT_DEPS[@]}" 2>&1 \
+        | grep -v -E "^(WARNING|ERROR: pip's dependency resolver|sglang .* requires)" || true
+    have_sglang || die "sglang ${SGLANG_VERSION} installed but sglang.srt.mem_cache.hicache_storage does not import"
+fi
+"$PYTHON" -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH}', torch.__version__" \
+    || die "torch changed while installing SGLang's light dependencies"

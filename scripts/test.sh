@@ -7,6 +7,7 @@ EXTRAS="[dev]" bash scripts/setup.sh
 PY=.venv/bin/python
 if [ -f scripts/install_servers.sh ]; then PYTHON=$PY bash scripts/install_servers.sh; fi
 if [ -f scripts/install_engines.sh ]; then PYTHON=$PY bash scripts/install_engines.sh; fi
+if [ -f scripts/install_sglang.sh ]; then PYTHON=$PY bash scripts/install_sglang.sh; fi
 if [ -f scripts/check_cuda.sh ] && command -v nvcc >/dev/null; then bash scripts/check_cuda.sh; fi
 $PY -m ruff check .
 $PY -m mypy

@@ -184,7 +184,7 @@ def _main() -> None:
             rt = HFRuntime.create(model, conf, MemoryStore({k: 1 << 30 for k in ObjectKind}),
                                   anchors=False)
             g = torch.Generator().manual_seed(1)
-            toks = torch.randint(0, model.config.vocab_size, (args.tokens,), generator=g).tolist()
+            toks = torch.randint(0, model.config.get_text_config().vocab_size, (args.tokens,), generator=g).tolist()
             for q in measure_replay(rt, toks, args.p, args.ks):
                 print(f"{arch:18s} {memory:8s} {q.k:5d} {q.kl_mean:10.2e} {q.kl_max:10.2e} "
                       f"{q.top1:6.3f} {q.continuation:6.3f}")

@@ -22,7 +22,12 @@ from typing import Any
 import torch
 
 from hybrid_connector.integrations.hf_anchors import AnchorLayout
-from hybrid_connector.integrations.hf_state import HFStateAdapter, decoder_layers, new_model_cache
+from hybrid_connector.integrations.hf_state import (
+    HFStateAdapter,
+    decoder_base,
+    decoder_layers,
+    new_model_cache,
+)
 
 StateMap = dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -63,7 +68,7 @@ def replay_states(model: Any, adapter: HFStateAdapter, layout: AnchorLayout,
     pos = positions[-n:].to(device).unsqueeze(0)
     scratch = new_model_cache(model)
     kinds = adapter.geometry.layers
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rotary = getattr(decoder_base(model), "rotary_emb", None)
     out: StateMap = {}
     for gi, group in enumerate(layout.groups):
         h = hidden[gi][-n:].to(device).unsqueeze(0)

@@ -78,12 +78,30 @@ class AttentionSlot:
     dtype: torch.dtype
 
 
+# Where transformers keeps the decoder stack: causal LMs under ``model`` (``model.layers``),
+# multimodal checkpoint classes (Qwen3.5 / Qwen3.5-MoE ``...ForConditionalGeneration``) under
+# ``model.language_model``, pure state-space LMs (Mamba, Mamba2, FalconMamba) under ``backbone``.
+_DECODER_PATHS = (("model", "language_model"), ("model",), ("backbone",))
+
+
+def decoder_base(model: Any) -> torch.nn.Module:
+    """The module holding the decoder layers (``layers``) and, where the family has one, the
+    rotary embedding (``rotary_emb``): the first of ``model.model.language_model`` (multimodal
+    checkpoint classes: their text decoder), ``model.model``, ``model.backbone`` that has
+    ``layers``. Raises ValueError naming the class when none has."""
+    for path in _DECODER_PATHS:
+        base: Any = model
+        for name in path:
+            base = getattr(base, name, None)
+        if base is not None and getattr(base, "layers", None) is not None:
+            return base
+    raise ValueError(f"{type(model).__name__}: no decoder layers (looked for `model.layers`, "
+                     "`model.language_model.layers`, `backbone.layers`); not a supported LM")
+
+
 def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
-    """The decoder layer modules of a transformers causal LM (``model.model.layers``)."""
-    base = getattr(model, "model", None)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: no `model.layers`; not a supported causal LM")
+    """The decoder layer modules of a transformers LM (``decoder_base(model).layers``)."""
+    layers: Any = decoder_base(model).layers
     return list(layers)
 
 

@@ -18,11 +18,15 @@ from hybrid_connector.integrations.hf import HFRuntime  # noqa: E402
 from hybrid_connector.integrations.hf_quality import long_memory_  # noqa: E402
 from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache  # noqa: E402
 from hybrid_connector.keys import ObjectKind  # noqa: E402
-from hybrid_connector.model_presets import tiny_hf_config  # noqa: E402
+from hybrid_connector.model_tiny import tiny_hf_model  # noqa: E402
 from tiers.memory import MemoryStore  # noqa: E402
 
 ARCHS = ("qwen3_5", "qwen3_next", "nemotron_h", "bamba", "jamba", "falcon_h1", "granitemoehybrid",
          "lfm2")
+# Added with issue 16, covered by the exactness tests (branch point, finished request, tiers):
+# the multimodal checkpoint classes and the further hybrid families.
+NEW_ARCHS = ("qwen3_5_vl", "qwen3_5_moe_vl")
+ALL_ARCHS = ARCHS + NEW_ARCHS
 
 
 @pytest.fixture(autouse=True)
@@ -36,10 +40,8 @@ def _one_thread() -> Iterator[None]:
 
 
 def tiny_model(arch: str, long_memory: bool = False, seed: int = 0) -> Any:
-    from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_hf_config(arch)).eval()
+    model = tiny_hf_model(arch)
     return long_memory_(model) if long_memory else model
 
 

@@ -24,7 +24,7 @@ TINY_ARCHS: tuple[str, ...] = (
 # Also buildable, hybrid (attention and recurrent layers), not in TINY_ARCHS: LFM2 and
 # LFM2-MoE (gated short conv + attention), OLMo-hybrid (Gated DeltaNet + attention), Zamba2
 # (Mamba2 layers; hybrid layers add a shared attention block).
-EXTRA_TINY_ARCHS: tuple[str, ...] = ("lfm2",)
+EXTRA_TINY_ARCHS: tuple[str, ...] = ("lfm2", "lfm2_moe", "olmo_hybrid", "zamba2")
 
 # Multimodal checkpoint classes (Qwen3.5 / Qwen3.5-MoE ``...ForConditionalGeneration``): the
 # tiny Qwen3.5 text decoder inside the wrapper config, with a one-block vision tower.

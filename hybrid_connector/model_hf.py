@@ -30,7 +30,7 @@ _RECURRENT_NAMES = frozenset({"mamba", "linear_attention", "mamba2", "M"})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "nemotron_h",
     "bamba", "jamba", "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe", "olmo_hybrid",
-    "zamba2",
+    "zamba2", "mamba", "mamba2", "falcon_mamba",
 )  # fmt: skip
 
 # Hybrid families transformers implements that the connector refuses, and why. (Kimi Linear
@@ -306,6 +306,22 @@ def geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
                 raise ValueError(f"{mt}: layer {i} has unsupported block type {t!r}")
             layers.append(LayerSpec(i, MixerKind.HYBRID_PARALLEL, FFNKind.MLP) if t == "hybrid"
                           else LayerSpec(i, MixerKind.MAMBA2, FFNKind.NONE))
+
+    elif mt in ("mamba", "falcon_mamba", "mamba2"):
+        # Pure state-space LMs: no attention, no FFN (the mixer is the whole block); the
+        # cache holds recurrent state only, so every hit is a checkpoint.
+        if mt == "mamba2":
+            kw["mamba2"] = Mamba2Dims(int(cfg.num_heads), int(cfg.head_dim), int(cfg.state_size),
+                                      int(cfg.n_groups), int(cfg.conv_kernel))
+            mixer = MixerKind.MAMBA2
+        else:
+            dt_rank = cfg.time_step_rank
+            if not isinstance(dt_rank, int):  # "auto"
+                dt_rank = math.ceil(d / 16)
+            kw["mamba1"] = Mamba1Dims(int(cfg.intermediate_size), int(cfg.state_size),
+                                      int(cfg.conv_kernel), int(dt_rank))
+            mixer = MixerKind.MAMBA1
+        layers = [LayerSpec(i, mixer, FFNKind.NONE) for i in range(int(cfg.num_hidden_layers))]
 
     elif mt in _REFUSED:
         raise ValueError(f"{mt}: not supported: {_REFUSED[mt]}")

@@ -46,7 +46,7 @@ from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorder
 from hybrid_connector.integrations.hf_replay import gather_anchors, replay_states
-from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
+from hybrid_connector.integrations.hf_state import HFStateAdapter, model_forward, new_model_cache
 from hybrid_connector.layout import anchor_layout as layout_anchor_layout
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveResult
@@ -57,7 +57,7 @@ from tiers.backend import Backend
 log = logging.getLogger(__name__)
 
 # Families whose multi-token forward ignores a restored recurrent state (see module doc).
-_STEPWISE_RESUME = frozenset({"jamba"})
+_STEPWISE_RESUME = frozenset({"jamba", "mamba", "falcon_mamba"})
 
 
 @dataclass
@@ -169,8 +169,7 @@ class HFRuntime:
         if self.recorder is not None:
             self.recorder.start_at(start)
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep and not all_logits else {}
-        out = self.model(input_ids=ids.to(device).unsqueeze(0), past_key_values=mc,
-                         position_ids=pos, use_cache=True, **kw)
+        out = model_forward(self.model, ids.to(device).unsqueeze(0), mc, pos, **kw)
         logits: torch.Tensor = out.logits[0].float()
         return logits if all_logits else logits[-1:]
 

@@ -32,6 +32,7 @@ continue). Nothing here mutates a cache except :meth:`restore` (which builds a n
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,6 +106,18 @@ def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
     return list(layers)
 
 
+def model_forward(model: Any, ids: torch.Tensor, cache: Any, positions: torch.Tensor,
+                  **kw: Any) -> Any:
+    """``model(ids)`` (``[1, n]``) into ``cache`` (mutated) at absolute ``positions``
+    (``[1, n]``), returning the model's output. Pure state-space LMs (Mamba, Mamba2,
+    FalconMamba) take the cache as ``cache_params`` and have no positions; every other
+    family takes ``past_key_values`` and ``position_ids``."""
+    if "cache_params" in inspect.signature(model.forward).parameters:
+        return model(input_ids=ids, cache_params=cache, use_cache=True, **kw)
+    return model(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True,
+                 **kw)
+
+
 def new_model_cache(model: Any) -> Any:
     """A fresh, empty cache of the model's own type (``DynamicCache(config=...)``)."""
     from transformers import DynamicCache
@@ -145,8 +158,7 @@ class HFStateAdapter:
         cache = new_model_cache(self.model)
         ids = torch.zeros((1, 1), dtype=torch.long, device=param.device)
         with torch.no_grad():
-            self.model(input_ids=ids, past_key_values=cache, use_cache=True,
-                       position_ids=torch.zeros_like(ids))
+            model_forward(self.model, ids, cache, torch.zeros_like(ids))
         att: list[AttentionSlot] = []
         rec: list[RecurrentSlot] = []
         for i, layer in enumerate(cache.layers):

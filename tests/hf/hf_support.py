@@ -16,7 +16,11 @@ pytest.importorskip("transformers")
 from hybrid_connector.config import HybridConfig, load_config  # noqa: E402
 from hybrid_connector.integrations.hf import HFRuntime  # noqa: E402
 from hybrid_connector.integrations.hf_quality import long_memory_  # noqa: E402
-from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache  # noqa: E402
+from hybrid_connector.integrations.hf_state import (  # noqa: E402
+    HFStateAdapter,
+    model_forward,
+    new_model_cache,
+)
 from hybrid_connector.keys import ObjectKind  # noqa: E402
 from hybrid_connector.model_tiny import tiny_hf_model  # noqa: E402
 from tiers.memory import MemoryStore  # noqa: E402
@@ -25,7 +29,8 @@ ARCHS = ("qwen3_5", "qwen3_next", "nemotron_h", "bamba", "jamba", "falcon_h1", "
          "lfm2")
 # Added with issue 16, covered by the exactness tests (branch point, finished request, tiers):
 # the multimodal checkpoint classes and the further hybrid families.
-NEW_ARCHS = ("qwen3_5_vl", "qwen3_5_moe_vl", "lfm2_moe", "olmo_hybrid", "zamba2")
+NEW_ARCHS = ("qwen3_5_vl", "qwen3_5_moe_vl", "lfm2_moe", "olmo_hybrid", "zamba2", "mamba",
+             "mamba2", "falcon_mamba")
 ALL_ARCHS = ARCHS + NEW_ARCHS
 
 
@@ -69,15 +74,15 @@ def random_tokens(n: int, vocab: int, seed: int) -> list[int]:
 def reference(model: Any, tokens: Sequence[int], n_new: int) -> tuple[torch.Tensor, list[int]]:
     """Full prefill without any connector: next-token logits and a greedy continuation."""
     mc = new_model_cache(model)
-    logits = model(torch.tensor([list(tokens)]), past_key_values=mc, use_cache=True).logits[0, -1]
+    n = len(tokens)
+    logits = model_forward(model, torch.tensor([list(tokens)]), mc, torch.arange(n)[None]).logits[0, -1]
     first = logits.float()
     out: list[int] = []
-    pos = len(tokens)
+    pos = n
     for _ in range(n_new):
         tok = int(logits.argmax())
         out.append(tok)
-        logits = model(torch.tensor([[tok]]), past_key_values=mc, use_cache=True,
-                       position_ids=torch.tensor([[pos]])).logits[0, -1]
+        logits = model_forward(model, torch.tensor([[tok]]), mc, torch.tensor([[pos]])).logits[0, -1]
         pos += 1
     return first, out
 
@@ -100,7 +105,7 @@ STATE_RTOL = 1e-5
 def full_prefill_cache(model: Any, tokens: Sequence[int]) -> Any:
     """The model cache after one plain forward of ``tokens`` from an empty cache."""
     mc = new_model_cache(model)
-    model(torch.tensor([list(tokens)]), past_key_values=mc, use_cache=True)
+    model_forward(model, torch.tensor([list(tokens)]), mc, torch.arange(len(tokens))[None])
     return mc
 
 
@@ -185,8 +190,7 @@ def decoded_cache(model: Any, prompt: Sequence[int], generated: Sequence[int]) -
     mc = full_prefill_cache(model, prompt)
     for j, tok in enumerate(generated):
         pos = len(prompt) + j
-        model(torch.tensor([[tok]]), past_key_values=mc, use_cache=True,
-              position_ids=torch.tensor([[pos]]))
+        model_forward(model, torch.tensor([[tok]]), mc, torch.tensor([[pos]]))
     return mc
 
 

@@ -1,13 +1,16 @@
 """Read and write attention KV and recurrent state in a transformers hybrid model's cache.
 
 transformers 5.x gives every hybrid family (Qwen3.5, Qwen3-Next, Nemotron-H, Bamba, Jamba,
-Falcon-H1, GraniteMoeHybrid) one cache type, ``DynamicCache``, whose per-layer objects are
+Falcon-H1, GraniteMoeHybrid, LFM2(-MoE), OLMo-hybrid, Zamba2) and the pure state-space LMs
+(Mamba, Mamba2, FalconMamba: the cache is their ``cache_params``, see :func:`model_forward`)
+one cache type, ``DynamicCache``, whose per-layer objects are
 
 * ``DynamicLayer`` (attention): ``keys``/``values`` ``[batch, kv_heads, seq, head_dim]``;
 * ``LinearAttentionLayer`` (GDN, Mamba2, Mamba1): ``conv_states[i]`` ``[batch, channels,
   conv_kernel]`` and ``recurrent_states[i]``, for ``i < number_of_states``; layers without a
   mixer (Nemotron-H MLP/MoE blocks) leave them ``None``;
-* ``LinearAttentionAndFullAttentionLayer`` (Falcon-H1's parallel layer): both.
+* ``LinearAttentionAndFullAttentionLayer`` (Falcon-H1's parallel layer, Zamba2's hybrid
+  layer: a shared attention block and the layer's own Mamba2 mixer): both.
 
 :class:`HFStateAdapter` discovers that layout once by running one token through a fresh
 cache (``probe``), checks that every tensor it holds is the part that the geometry's payload

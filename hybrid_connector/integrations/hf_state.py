@@ -109,13 +109,25 @@ def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
     return list(layers)
 
 
+_CACHE_PARAMS: dict[type, bool] = {}
+
+
+def _takes_cache_params(model: Any) -> bool:
+    """Whether ``model.forward`` takes the cache as ``cache_params`` (looked up once per
+    class: the runtime calls :func:`model_forward` per decoded token)."""
+    cls = type(model)
+    if cls not in _CACHE_PARAMS:
+        _CACHE_PARAMS[cls] = "cache_params" in inspect.signature(model.forward).parameters
+    return _CACHE_PARAMS[cls]
+
+
 def model_forward(model: Any, ids: torch.Tensor, cache: Any, positions: torch.Tensor,
                   **kw: Any) -> Any:
     """``model(ids)`` (``[1, n]``) into ``cache`` (mutated) at absolute ``positions``
     (``[1, n]``), returning the model's output. Pure state-space LMs (Mamba, Mamba2,
     FalconMamba) take the cache as ``cache_params`` and have no positions; every other
     family takes ``past_key_values`` and ``position_ids``."""
-    if "cache_params" in inspect.signature(model.forward).parameters:
+    if _takes_cache_params(model):
         return model(input_ids=ids, cache_params=cache, use_cache=True, **kw)
     return model(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True,
                  **kw)

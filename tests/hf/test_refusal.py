@@ -127,3 +127,14 @@ def test_create_refuses_zamba_by_name() -> None:
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with pytest.raises(ValueError, match=r"^zamba: not supported: .*multi-head Mamba \(v1\)"):
         HFRuntime.create(model, config(), memory_store())
+
+
+def test_a_model_without_decoder_layers_is_refused_by_class() -> None:
+    """Decoder layers are looked for under model.language_model, model and backbone."""
+    from hybrid_connector.integrations.hf_state import decoder_base
+
+    class Headless(torch.nn.Module):
+        pass
+
+    with pytest.raises(ValueError, match=r"^Headless: no decoder layers .*backbone\.layers"):
+        decoder_base(Headless())

@@ -57,7 +57,7 @@ def discover(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, tokens: np.n
     stop = t0 + deadline_s
     with ix.lock:
         m = ix.tree.match(arr)
-        _, reach = kv_chain(m, ix.max_kv_len, ix.usable)
+        _, reach = kv_chain(m, ix.max_kv_len, ix.usable, needs_kv=ix.needs_kv)
     start_reach = pos = reach
     while pos < arr.size - 1 and time.monotonic() < stop:
         best = None

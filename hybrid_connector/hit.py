@@ -1,7 +1,8 @@
 """The hit rule: one finder per object kind and the coordinator that combines them.
 
-A usable hit of length p needs KV for every attention layer over ``[0, p)`` and a
-recurrent state at exactly p: a checkpoint at p (exact), or anchor pages covering the
+A usable hit of length p needs KV for every attention layer over ``[0, p)`` (nothing for a
+model without attention layers) and a recurrent state at exactly p (nothing for a model
+without recurrent layers): a checkpoint at p (exact), or anchor pages covering the
 replay window before p (approximate, only with replay). p is below the prompt length and a
 multiple of the alignment. The finders read the tree and never mutate it; ``usable(key)``
 says which stored objects may be planned (ready, not lost).
@@ -52,10 +53,14 @@ def kv_candidates(m: MatchResult, max_kv_len: int) -> list[Node]:
     return nodes
 
 
-def kv_chain(m: MatchResult, max_kv_len: int, usable: Usable) -> tuple[list[ObjectRef], int]:
+def kv_chain(m: MatchResult, max_kv_len: int, usable: Usable, *,
+             needs_kv: bool = True) -> tuple[list[ObjectRef], int]:
     """Usable KV chunks covering ``[0, reach)`` from 0 (the longest chunk per start), and
-    ``reach`` capped at the match length."""
+    ``reach`` capped at the match length. A model without attention layers (``needs_kv``
+    False: a pure state-space LM) needs no KV: no chunks, and the reach is the match."""
     matched = m.length
+    if not needs_kv:
+        return [], matched
     by_start: dict[int, ObjectRef] = {}
     for node in kv_candidates(m, max_kv_len):
         for end, ref in node.kv.items():
@@ -101,13 +106,15 @@ def replay_window(nodes: Sequence[Node], limit: int, align: int, exact_p: int, p
 
 def find_hit(m: MatchResult, prompt_len: int, align: int, *, needs_state: bool,
              max_kv_len: int, usable: Usable, replay: bool, page: int, budget_frac: float,
-             max_tokens: int, root: Node) -> Hit:
+             max_tokens: int, root: Node, needs_kv: bool = True) -> Hit:
     """The coordinator: the longest hit for a prompt of ``prompt_len`` tokens whose radix
-    match is ``m``, under the hit rule (see the module docstring)."""
+    match is ``m``, under the hit rule (see the module docstring). ``needs_state`` False
+    (attention-only model): the KV reach alone is the hit; ``needs_kv`` False (state-only
+    model): every hit is a checkpoint (or a replay), found along the whole match."""
     limit = min(m.length, prompt_len - 1)
     if limit <= 0:
         return Hit(0, None, (), None, (), 0)
-    chain, reach = kv_chain(m, max_kv_len, usable)
+    chain, reach = kv_chain(m, max_kv_len, usable, needs_kv=needs_kv)
     cap = min(limit, reach)
     if not needs_state:
         p = cap - cap % align

@@ -105,7 +105,7 @@ class CacheIndex(IndexCore):
         return find_hit(m, int(n), align, needs_state=self.needs_state, max_kv_len=self.max_kv_len,
                         usable=usable, replay=replay, page=c.anchor_page_size,
                         budget_frac=c.replay_budget_frac, max_tokens=c.replay_max_tokens,
-                        root=self.tree.root)
+                        root=self.tree.root, needs_kv=self.needs_kv)
 
     def lookup_at(self, tokens: Sequence[int] | np.ndarray, p: int,
                   alignment: int | None = None) -> LoadPlan:
@@ -124,7 +124,7 @@ class CacheIndex(IndexCore):
             miss = LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
             if not 0 < p < arr.size or p > m.length:
                 return miss
-            chain, reach = kv_chain(m, self.max_kv_len, self.usable)
+            chain, reach = kv_chain(m, self.max_kv_len, self.usable, needs_kv=self.needs_kv)
             node = next((n for n in m.path if n.depth == p), None)
             usable_state = node is not None and node.state is not None and self.usable(node.state.key)
             if reach < p or (self.needs_state and not usable_state):
@@ -177,7 +177,8 @@ class CacheIndex(IndexCore):
         with self.lock:
             m = self.tree.match(arr)
             positions = self.admission.state_positions(self.tree, m, arr, align)
-            _, reach = kv_chain(m, self.max_kv_len, lambda k: k not in self.doomed)
+            _, reach = kv_chain(m, self.max_kv_len, lambda k: k not in self.doomed,
+                                needs_kv=self.needs_kv)
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), branch_point(m, int(arr.size)), kv_from)
 

@@ -86,6 +86,7 @@ class IndexCore:
             {**geometry.fingerprint_fields(), "chunk": config.chunk_size,
              "hash_block": config.hash_block_size, "model_id": model_id, **(layout or {})})
         self.needs_state = bool(geometry.recurrent_layers)
+        self.needs_kv = bool(geometry.attention_layers)  # False: a state-only model
         self.eviction, self.admission = policies
         self.stats = CacheStats()
         self.lock = threading.RLock()

@@ -342,10 +342,14 @@ class ModelGeometry:
         tp_size: int = 1,
     ) -> ModelGeometry:
         """Build from a transformers config object (Qwen3.5 text or multimodal wrapper,
-        Qwen3.5-MoE, Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2).
+        Qwen3.5-MoE, Qwen3-Next, Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2,
+        LFM2-MoE, OLMo-hybrid, Zamba2, and the state-only Mamba, Mamba2, FalconMamba; see
+        ``model_hf.SUPPORTED_ARCHITECTURES``).
         ``dtype`` defaults to the config's ``dtype`` (else bfloat16); ``state_dtype`` to the
         config's mamba SSM cache dtype where it has one (else float32). Raises ValueError for
-        an unsupported ``model_type``."""
+        an unsupported ``model_type``, naming it (and the reason, for the hybrid families
+        transformers implements that are refused: Zamba, MiniMax, RecurrentGemma, and MLA
+        or indexed attention)."""
         from hybrid_connector.model_hf import geometry_kwargs_from_hf  # lazy: optional path
 
         kw = geometry_kwargs_from_hf(cfg)

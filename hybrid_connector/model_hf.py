@@ -27,6 +27,25 @@ _ATTN_NAMES = frozenset({"attention", "full_attention", "attn", "*"})
 _RECURRENT_NAMES = frozenset({"mamba", "linear_attention", "mamba2", "M"})
 
 
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "nemotron_h",
+    "bamba", "jamba", "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe", "olmo_hybrid",
+    "zamba2", "mamba", "mamba2", "falcon_mamba",
+)  # fmt: skip
+
+# Hybrid families transformers implements that the connector refuses, and why. (Kimi Linear
+# and Bailing-hybrid are refused by :func:`refuse_unsupported_attention`: MLA.)
+_REFUSED: dict[str, str] = {
+    "zamba": "its hybrid layers pair a shared attention block with a multi-head Mamba (v1) "
+             "mixer whose state is [heads, d_inner / heads, d_state], a layer kind the geometry "
+             "has no layout for (Zamba2 is supported)",
+    "minimax": "its lightning-attention layers keep their state in MiniMaxCache.linear_cache, "
+               "outside the DynamicCache linear-attention layers the adapter reads and writes",
+    "recurrent_gemma": "its recurrent blocks keep their state inside the modules (no cache "
+                       "object to read or write) and its attention is local (sliding window)",
+}
+
+
 def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
     v = getattr(cfg, key, default)
     return default if v is None else v
@@ -142,8 +161,9 @@ def geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
     }
     layers: list[LayerSpec] = []
 
-    if mt in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"):
-        kw["attention"] = _hf_attention(cfg, output_gate=True)  # q_proj emits q and a gate
+    if mt in ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"):
+        # Qwen: q_proj emits q and a sigmoid gate; OLMo-hybrid's attention has no gate.
+        kw["attention"] = _hf_attention(cfg, output_gate=mt != "olmo_hybrid")
         kw["gdn"] = GDNDims(
             int(cfg.linear_num_key_heads),
             int(cfg.linear_num_value_heads),
@@ -249,21 +269,66 @@ def geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
             mixer = MixerKind.ATTENTION if t == "attention" else MixerKind.MAMBA1
             layers.append(LayerSpec(i, mixer, FFNKind.MOE if experts[i] > 1 else FFNKind.MLP))
 
-    elif mt == "lfm2":
+    elif mt in ("lfm2", "lfm2_moe"):
         kw["attention"] = _hf_attention(cfg)
         kw["short_conv"] = ShortConvDims(int(cfg.conv_L_cache))
-        kw["mlp"] = MLPDims(_lfm2_ffn_dim(cfg))
+        dense = int(cfg.num_hidden_layers)
+        if mt == "lfm2":
+            kw["mlp"] = MLPDims(_lfm2_ffn_dim(cfg))
+        else:  # LFM2-MoE: the first num_dense_layers run a SwiGLU MLP, the rest routed experts
+            dense = int(cfg.num_dense_layers)
+            if dense > 0:
+                kw["mlp"] = MLPDims(int(cfg.intermediate_size))
+            kw["moe"] = MoEDims(int(cfg.num_experts), int(cfg.num_experts_per_tok),
+                                int(cfg.moe_intermediate_size), 0)
         for i, t in enumerate(cfg.layer_types):
             if t not in ("full_attention", "conv"):
                 raise ValueError(f"{mt}: layer {i} has unsupported layer type {t!r}")
             mixer = MixerKind.ATTENTION if t == "full_attention" else MixerKind.SHORT_CONV
-            layers.append(LayerSpec(i, mixer, FFNKind.MLP))
+            layers.append(LayerSpec(i, mixer, FFNKind.MLP if i < dense else FFNKind.MOE))
 
+    elif mt == "zamba2":
+        # "mamba" ("linear_attention") layers: a Mamba2 mixer alone. "hybrid" layers: one of num_mem_blocks shared
+        # transformer blocks (attention over [hidden, embeddings], so its projections are
+        # wider than hidden_size's: FLOPs are a lower estimate there, and a GeLU-gated MLP)
+        # then the layer's own Mamba2 mixer. Each hybrid layer caches its own K/V (the block
+        # is shared, its cache is not) and state: a HYBRID_PARALLEL layer.
+        heads = int(cfg.num_attention_heads)
+        kw["attention"] = AttentionDims(heads, int(_cfg_get(cfg, "num_key_value_heads", heads)),
+                                        int(cfg.attention_head_dim))
+        d_inner = int(cfg.mamba_expand) * d
+        n_heads = int(cfg.n_mamba_heads)
+        kw["mamba2"] = Mamba2Dims(n_heads, d_inner // n_heads, int(cfg.mamba_d_state),
+                                  int(cfg.mamba_ngroups), int(cfg.mamba_d_conv))
+        kw["mlp"] = MLPDims(int(cfg.intermediate_size))
+        for i, t in enumerate(cfg.layers_block_type):  # transformers spells "mamba" as
+            if t not in ("mamba", "linear_attention", "hybrid"):  # "linear_attention"
+                raise ValueError(f"{mt}: layer {i} has unsupported block type {t!r}")
+            layers.append(LayerSpec(i, MixerKind.HYBRID_PARALLEL, FFNKind.MLP) if t == "hybrid"
+                          else LayerSpec(i, MixerKind.MAMBA2, FFNKind.NONE))
+
+    elif mt in ("mamba", "falcon_mamba", "mamba2"):
+        # Pure state-space LMs: no attention, no FFN (the mixer is the whole block); the
+        # cache holds recurrent state only, so every hit is a checkpoint.
+        if mt == "mamba2":
+            kw["mamba2"] = Mamba2Dims(int(cfg.num_heads), int(cfg.head_dim), int(cfg.state_size),
+                                      int(cfg.n_groups), int(cfg.conv_kernel))
+            mixer = MixerKind.MAMBA2
+        else:
+            dt_rank = cfg.time_step_rank
+            if not isinstance(dt_rank, int):  # "auto"
+                dt_rank = math.ceil(d / 16)
+            kw["mamba1"] = Mamba1Dims(int(cfg.intermediate_size), int(cfg.state_size),
+                                      int(cfg.conv_kernel), int(dt_rank))
+            mixer = MixerKind.MAMBA1
+        layers = [LayerSpec(i, mixer, FFNKind.NONE) for i in range(int(cfg.num_hidden_layers))]
+
+    elif mt in _REFUSED:
+        raise ValueError(f"{mt}: not supported: {_REFUSED[mt]}")
     else:
         raise ValueError(
             f"unsupported architecture {mt!r} for ModelGeometry.from_hf_config; supported: "
-            "qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next, nemotron_h, "
-            "bamba, jamba, falcon_h1, granitemoehybrid, lfm2"
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     kw["layers"] = tuple(layers)
     return kw

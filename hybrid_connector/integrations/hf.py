@@ -1,10 +1,13 @@
 """transformers runtime: cached prefill and greedy generation for hybrid causal LMs.
 
 Supported (batch size 1, fp32/bf16, transformers 5.20; tested on CPU, tensors follow the
-model's device but no GPU run has been made): Qwen3.5 (text), Qwen3-Next, Nemotron-H,
-Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2, i.e. every family whose cache is a
-``DynamicCache`` of ``DynamicLayer`` / ``LinearAttentionLayer`` /
-``LinearAttentionAndFullAttentionLayer`` objects (see ``hf_state``). Not supported: batches,
+model's device but no GPU run has been made): Qwen3.5 and Qwen3.5-MoE (text, and the
+multimodal ``...ForConditionalGeneration`` classes: their text decoder), Qwen3-Next,
+Nemotron-H, Bamba, Jamba, Falcon-H1, GraniteMoeHybrid, LFM2, LFM2-MoE, OLMo-hybrid, Zamba2,
+and the state-only Mamba, Mamba2, FalconMamba (no attention: every hit is a checkpoint),
+i.e. every family whose cache is a ``DynamicCache`` of ``DynamicLayer`` /
+``LinearAttentionLayer`` / ``LinearAttentionAndFullAttentionLayer`` objects (see
+``hf_state``). Suffix replay is refused for Zamba2 (``hf_replay.NO_REPLAY``). Not supported: batches,
 padding masks, static caches, and layers a KV chunk cannot hold: sliding-window attention,
 indexed (DSA) attention, K and V of different head sizes (multi-head latent attention, as in
 Kimi Linear); ``create`` and the constructor refuse those with a ValueError naming the layer.
@@ -23,10 +26,10 @@ chunks, anchors and the final state (admission decides) through ``s.finish``.
 
 **Intermediate states.** A recurrent state exists only where the model stopped, so a
 checkpoint at p (a branch point, a placement pick) is taken by splitting the prefill at p.
-Every family resumes a multi-token forward from a restored state exactly, except Jamba:
-its selective scan (like mamba_ssm's ``selective_scan_fn``) takes no initial state, so
-after a restore or a split Jamba runs the remaining tokens one at a time through the
-single-token recurrent path (exact, slower). Bamba derives ``position_ids`` from 0 when
+Every family resumes a multi-token forward from a restored state exactly, except the Mamba
+(v1) ones, Jamba, Mamba and FalconMamba: their selective scan (like mamba_ssm's
+``selective_scan_fn``) takes no initial state, so after a restore or a split they run the
+remaining tokens one at a time through the single-token recurrent path (exact, slower). Bamba derives ``position_ids`` from 0 when
 none are passed, so the runtime always passes absolute positions.
 """
 
@@ -45,8 +48,8 @@ from hybrid_connector import assemble
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorder
-from hybrid_connector.integrations.hf_replay import gather_anchors, replay_states
-from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
+from hybrid_connector.integrations.hf_replay import gather_anchors, refuse_replay, replay_states
+from hybrid_connector.integrations.hf_state import HFStateAdapter, model_forward, new_model_cache
 from hybrid_connector.layout import anchor_layout as layout_anchor_layout
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveResult
@@ -57,7 +60,7 @@ from tiers.backend import Backend
 log = logging.getLogger(__name__)
 
 # Families whose multi-token forward ignores a restored recurrent state (see module doc).
-_STEPWISE_RESUME = frozenset({"jamba"})
+_STEPWISE_RESUME = frozenset({"jamba", "mamba", "falcon_mamba"})
 
 
 @dataclass
@@ -128,6 +131,8 @@ class HFRuntime:
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.layout = anchor_layout(model, self.config, self.adapter)
         want = self.config.replay if anchors is None else anchors
+        if want or self.config.replay:
+            refuse_replay(model)
         self.recorder = AnchorRecorder(model, self.layout).attach() if want else None
 
     @classmethod
@@ -169,8 +174,7 @@ class HFRuntime:
         if self.recorder is not None:
             self.recorder.start_at(start)
         kw: dict[str, Any] = {"logits_to_keep": 1} if self._logits_to_keep and not all_logits else {}
-        out = self.model(input_ids=ids.to(device).unsqueeze(0), past_key_values=mc,
-                         position_ids=pos, use_cache=True, **kw)
+        out = model_forward(self.model, ids.to(device).unsqueeze(0), mc, pos, **kw)
         logits: torch.Tensor = out.logits[0].float()
         return logits if all_logits else logits[-1:]
 

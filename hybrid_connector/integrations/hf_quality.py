@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hybrid_connector.integrations.hf_anchors import AnchorRecorder
-from hybrid_connector.integrations.hf_replay import gather_anchors, replay_states
+from hybrid_connector.integrations.hf_replay import gather_anchors, refuse_replay, replay_states
 from hybrid_connector.integrations.hf_state import new_model_cache
 from hybrid_connector.replay import ReplayGate, ReplayQuality, next_token_kl
 
@@ -50,6 +50,7 @@ def measure_replay(rt: HFRuntime, tokens: Sequence[int], p: int, ks: Sequence[in
     ``p`` must be a multiple of the anchor page and ``0 < p < len(tokens)``. Uses the
     runtime's model, adapter and anchor layout; leaves its HybridCache untouched.
     """
+    refuse_replay(rt.model)
     ids = torch.as_tensor(list(tokens), dtype=torch.long)
     n, page = int(ids.numel()), rt.layout.page
     if not 0 < p < n or p % page:
@@ -184,7 +185,7 @@ def _main() -> None:
             rt = HFRuntime.create(model, conf, MemoryStore({k: 1 << 30 for k in ObjectKind}),
                                   anchors=False)
             g = torch.Generator().manual_seed(1)
-            toks = torch.randint(0, model.config.vocab_size, (args.tokens,), generator=g).tolist()
+            toks = torch.randint(0, model.config.get_text_config().vocab_size, (args.tokens,), generator=g).tolist()
             for q in measure_replay(rt, toks, args.p, args.ks):
                 print(f"{arch:18s} {memory:8s} {q.k:5d} {q.kl_mean:10.2e} {q.kl_max:10.2e} "
                       f"{q.top1:6.3f} {q.continuation:6.3f}")

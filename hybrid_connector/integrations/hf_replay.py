@@ -16,13 +16,19 @@ replay that :class:`hybrid_connector.replay.ReplayGate` admits may be served.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from hybrid_connector.integrations.hf_anchors import AnchorLayout
-from hybrid_connector.integrations.hf_state import HFStateAdapter, decoder_layers, new_model_cache
+from hybrid_connector.integrations.hf_state import (
+    HFStateAdapter,
+    decoder_base,
+    decoder_layers,
+    new_model_cache,
+)
 
 StateMap = dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor | None]]
 
@@ -40,6 +46,24 @@ def gather_anchors(layout: AnchorLayout, payloads: Sequence[torch.Tensor],
             per_group[gi].append(t)
         pos.extend(layout.positions(start))
     return [torch.cat(ts) for ts in per_group], torch.tensor(pos, dtype=torch.long)
+
+
+# Families whose layers read more than the hidden state an anchor holds, so suffix replay
+# cannot rebuild their states: Zamba2's shared attention blocks also take the token
+# embeddings (``original_hidden_states``). Exact checkpoints work; replay is refused.
+NO_REPLAY: dict[str, str] = {
+    "zamba2": "its shared attention blocks read the token embeddings beside the hidden state, "
+              "and anchors hold only the hidden state",
+}
+
+
+def refuse_replay(model: Any) -> None:
+    """ValueError, naming the architecture and why, for a family suffix replay cannot
+    rebuild the states of (:data:`NO_REPLAY`)."""
+    mt = str(getattr(model.config, "model_type", ""))
+    if mt in NO_REPLAY:
+        raise ValueError(f"{mt}: suffix replay (config.replay, anchors) is not supported: "
+                         f"{NO_REPLAY[mt]}; use exact checkpoints (replay off)")
 
 
 @torch.no_grad()
@@ -63,7 +87,7 @@ def replay_states(model: Any, adapter: HFStateAdapter, layout: AnchorLayout,
     pos = positions[-n:].to(device).unsqueeze(0)
     scratch = new_model_cache(model)
     kinds = adapter.geometry.layers
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rotary = getattr(decoder_base(model), "rotary_emb", None)
     out: StateMap = {}
     for gi, group in enumerate(layout.groups):
         h = hidden[gi][-n:].to(device).unsqueeze(0)
@@ -72,8 +96,11 @@ def replay_states(model: Any, adapter: HFStateAdapter, layout: AnchorLayout,
         if rotary is not None and any(kinds[i].mixer.has_kv for i in span):
             pe = rotary(h, position_ids=pos)  # Falcon-H1: attention runs beside the mixer
         for i in span:
-            res = layers[i](h, attention_mask=None, position_ids=pos, past_key_values=scratch,
-                            use_cache=True, position_embeddings=pe)
+            if "cache_params" in inspect.signature(layers[i].forward).parameters:
+                res = layers[i](h, cache_params=scratch)  # Mamba, Mamba2, FalconMamba blocks
+            else:
+                res = layers[i](h, attention_mask=None, position_ids=pos, past_key_values=scratch,
+                                use_cache=True, position_embeddings=pe)
             h = res[0] if isinstance(res, tuple) else res
         out.update(adapter.layer_states(scratch, group))
     return out

@@ -1,13 +1,16 @@
 """Read and write attention KV and recurrent state in a transformers hybrid model's cache.
 
 transformers 5.x gives every hybrid family (Qwen3.5, Qwen3-Next, Nemotron-H, Bamba, Jamba,
-Falcon-H1, GraniteMoeHybrid) one cache type, ``DynamicCache``, whose per-layer objects are
+Falcon-H1, GraniteMoeHybrid, LFM2(-MoE), OLMo-hybrid, Zamba2) and the pure state-space LMs
+(Mamba, Mamba2, FalconMamba: the cache is their ``cache_params``, see :func:`model_forward`)
+one cache type, ``DynamicCache``, whose per-layer objects are
 
 * ``DynamicLayer`` (attention): ``keys``/``values`` ``[batch, kv_heads, seq, head_dim]``;
 * ``LinearAttentionLayer`` (GDN, Mamba2, Mamba1): ``conv_states[i]`` ``[batch, channels,
   conv_kernel]`` and ``recurrent_states[i]``, for ``i < number_of_states``; layers without a
   mixer (Nemotron-H MLP/MoE blocks) leave them ``None``;
-* ``LinearAttentionAndFullAttentionLayer`` (Falcon-H1's parallel layer): both.
+* ``LinearAttentionAndFullAttentionLayer`` (Falcon-H1's parallel layer, Zamba2's hybrid
+  layer: a shared attention block and the layer's own Mamba2 mixer): both.
 
 :class:`HFStateAdapter` discovers that layout once by running one token through a fresh
 cache (``probe``), checks that every tensor it holds is the part that the geometry's payload
@@ -32,6 +35,7 @@ continue). Nothing here mutates a cache except :meth:`restore` (which builds a n
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -78,13 +82,55 @@ class AttentionSlot:
     dtype: torch.dtype
 
 
+# Where transformers keeps the decoder stack: causal LMs under ``model`` (``model.layers``),
+# multimodal checkpoint classes (Qwen3.5 / Qwen3.5-MoE ``...ForConditionalGeneration``) under
+# ``model.language_model``, pure state-space LMs (Mamba, Mamba2, FalconMamba) under ``backbone``.
+_DECODER_PATHS = (("model", "language_model"), ("model",), ("backbone",))
+
+
+def decoder_base(model: Any) -> torch.nn.Module:
+    """The module holding the decoder layers (``layers``) and, where the family has one, the
+    rotary embedding (``rotary_emb``): the first of ``model.model.language_model`` (multimodal
+    checkpoint classes: their text decoder), ``model.model``, ``model.backbone`` that has
+    ``layers``. Raises ValueError naming the class when none has."""
+    for path in _DECODER_PATHS:
+        base: Any = model
+        for name in path:
+            base = getattr(base, name, None)
+        if base is not None and getattr(base, "layers", None) is not None:
+            return base
+    raise ValueError(f"{type(model).__name__}: no decoder layers (looked for `model.layers`, "
+                     "`model.language_model.layers`, `backbone.layers`); not a supported LM")
+
+
 def decoder_layers(model: Any) -> Sequence[torch.nn.Module]:
-    """The decoder layer modules of a transformers causal LM (``model.model.layers``)."""
-    base = getattr(model, "model", None)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(model).__name__}: no `model.layers`; not a supported causal LM")
+    """The decoder layer modules of a transformers LM (``decoder_base(model).layers``)."""
+    layers: Any = decoder_base(model).layers
     return list(layers)
+
+
+_CACHE_PARAMS: dict[type, bool] = {}
+
+
+def _takes_cache_params(model: Any) -> bool:
+    """Whether ``model.forward`` takes the cache as ``cache_params`` (looked up once per
+    class: the runtime calls :func:`model_forward` per decoded token)."""
+    cls = type(model)
+    if cls not in _CACHE_PARAMS:
+        _CACHE_PARAMS[cls] = "cache_params" in inspect.signature(model.forward).parameters
+    return _CACHE_PARAMS[cls]
+
+
+def model_forward(model: Any, ids: torch.Tensor, cache: Any, positions: torch.Tensor,
+                  **kw: Any) -> Any:
+    """``model(ids)`` (``[1, n]``) into ``cache`` (mutated) at absolute ``positions``
+    (``[1, n]``), returning the model's output. Pure state-space LMs (Mamba, Mamba2,
+    FalconMamba) take the cache as ``cache_params`` and have no positions; every other
+    family takes ``past_key_values`` and ``position_ids``."""
+    if _takes_cache_params(model):
+        return model(input_ids=ids, cache_params=cache, use_cache=True, **kw)
+    return model(input_ids=ids, past_key_values=cache, position_ids=positions, use_cache=True,
+                 **kw)
 
 
 def new_model_cache(model: Any) -> Any:
@@ -127,8 +173,7 @@ class HFStateAdapter:
         cache = new_model_cache(self.model)
         ids = torch.zeros((1, 1), dtype=torch.long, device=param.device)
         with torch.no_grad():
-            self.model(input_ids=ids, past_key_values=cache, use_cache=True,
-                       position_ids=torch.zeros_like(ids))
+            model_forward(self.model, ids, cache, torch.zeros_like(ids))
         att: list[AttentionSlot] = []
         rec: list[RecurrentSlot] = []
         for i, layer in enumerate(cache.layers):

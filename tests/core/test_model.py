@@ -610,3 +610,39 @@ def test_flop_breakdown_total_and_add() -> None:
     a = FlopBreakdown(1, 2, 3, 4, 5, 6)
     assert a.total == 21 and (a + a).total == 42 and (a + a).mamba1 == 0
     assert isinstance(GDNDims(1, 2, 3, 4, 5).conv_channels, int)
+
+
+@pytest.mark.parametrize(("cls", "arch", "why"), [
+    ("ZambaConfig", "zamba", r"multi-head Mamba \(v1\) mixer"),
+    ("MiniMaxConfig", "minimax", r"MiniMaxCache\.linear_cache"),
+    ("RecurrentGemmaConfig", "recurrent_gemma", r"state inside the modules"),
+])  # fmt: skip
+def test_from_hf_config_refuses_other_families_by_name(cls: str, arch: str, why: str) -> None:
+    """Hybrid families transformers implements whose state the connector cannot hold are
+    refused by name and reason (the published default configs of the real classes)."""
+    import transformers as tf
+
+    with pytest.raises(ValueError, match=rf"^{arch}: not supported: .*{why}"):
+        ModelGeometry.from_hf_config(getattr(tf, cls)())
+
+
+@pytest.mark.parametrize(("arch", "kinds"), [
+    ("lfm2_moe", ["short_conv+mlp", "short_conv+moe", "attention+moe", "short_conv+moe"]),
+    ("olmo_hybrid", ["gdn+mlp", "gdn+mlp", "attention+mlp", "gdn+mlp"]),
+    ("zamba2", ["mamba2+none", "hybrid_parallel+mlp", "mamba2+none", "hybrid_parallel+mlp"]),
+    ("mamba", ["mamba1+none"] * 3),
+    ("mamba2", ["mamba2+none"] * 3),
+    ("falcon_mamba", ["mamba1+none"] * 3),
+])  # fmt: skip
+def test_new_hybrid_families_layer_kinds(arch: str, kinds: list[str]) -> None:
+    """Per-layer kinds of the families added with issue 16 (the hybrid ones' cache shapes are
+    checked against a real forward by test_tiny_model_cache_matches_geometry, every one's by
+    the adapter in tests/hf) and their presets."""
+    g = ModelGeometry.from_hf_config(tiny_hf_config(arch))
+    assert g.to_dict()["layers"] == kinds
+    preset = get_preset({"lfm2_moe": "lfm2-8b-a1b", "olmo_hybrid": "olmo-hybrid-7b",
+                         "zamba2": "zamba2-2.7b", "mamba": "mamba-2.8b",
+                         "mamba2": "mamba-codestral-7b", "falcon_mamba": "falcon-mamba-7b"}[arch])
+    assert preset.architecture == arch
+    if arch in ("mamba", "mamba2", "falcon_mamba"):  # state-only: no KV at all
+        assert not g.attention_layers and g.kv_bytes_per_token() == 0 and g.state_bytes() > 0

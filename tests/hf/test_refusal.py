@@ -110,3 +110,31 @@ def test_create_refuses_from_config(build: Any, arch: str, layer: int) -> None:
     """``HFRuntime.create`` derives the geometry from the config and refuses there."""
     with pytest.raises(ValueError, match=rf"^{arch}: layer {layer} is "):
         HFRuntime.create(build(), config(), memory_store())
+
+
+def test_create_refuses_zamba_by_name() -> None:
+    """Zamba (v1): shared attention beside a multi-head Mamba (v1) mixer, whose per-head
+    state the geometry has no layout for; refused at create, naming the architecture."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    small = {k: v for k, v in _SMALL.items() if k not in ("layer_types", "num_experts",
+                                                          "num_experts_per_tok")}
+    cfg = transformers.ZambaConfig(**small, num_hidden_layers=4, attn_layer_period=2,
+                                   attn_layer_offset=1, mamba_d_state=8, n_mamba_heads=2,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with pytest.raises(ValueError, match=r"^zamba: not supported: .*multi-head Mamba \(v1\)"):
+        HFRuntime.create(model, config(), memory_store())
+
+
+def test_a_model_without_decoder_layers_is_refused_by_class() -> None:
+    """Decoder layers are looked for under model.language_model, model and backbone."""
+    from hybrid_connector.integrations.hf_state import decoder_base
+
+    class Headless(torch.nn.Module):
+        pass
+
+    with pytest.raises(ValueError, match=r"^Headless: no decoder layers .*backbone\.layers"):
+        decoder_base(Headless())

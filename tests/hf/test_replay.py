@@ -4,21 +4,22 @@ long-memory models, labelled approximate hits, and the quality gate."""
 from __future__ import annotations
 
 import pytest
-from hf_support import ARCHS, config, random_tokens, runtime, tiny_model
+from hf_support import ALL_ARCHS, config, random_tokens, runtime, tiny_model
 
 from hybrid_connector.integrations.hf_quality import calibrate_gate, measure_replay
+from hybrid_connector.integrations.hf_replay import NO_REPLAY
 from hybrid_connector.replay import ReplayGate, ReplayQuality
 
 PAGE = 16
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [a for a in ALL_ARCHS if a not in NO_REPLAY])
 def test_replay_of_whole_prefix_is_exact(arch: str) -> None:
     """Dense anchors over [0, p) replayed from a zero state are the states of a full
     prefill (state at 0 is zero): replay itself adds no error."""
     model = tiny_model(arch, long_memory=True)
     rt = runtime(model, config(anchor_page_size=PAGE, anchor_density=1.0), anchors=False)
-    toks = random_tokens(80, model.config.vocab_size, 3)
+    toks = random_tokens(80, model.config.get_text_config().vocab_size, 3)
     (q,) = measure_replay(rt, toks, 64, [64], continuation=8)
     assert q.k == 64
     assert q.kl_max < 1e-9 and q.top1 == 1.0 and q.continuation == 1.0
@@ -128,3 +129,14 @@ def test_runtime_replay_over_whole_prefix_matches_full_prefill(arch: str) -> Non
     rt.finish(rb)
     rt.cache.check_integrity()
 
+
+
+def test_replay_is_refused_for_zamba2() -> None:
+    """Zamba2's shared attention blocks read the token embeddings, which anchors do not
+    hold: a runtime with anchors, and a replay measurement, refuse it by name."""
+    model = tiny_model("zamba2")
+    with pytest.raises(ValueError, match=r"^zamba2: suffix replay .* token embeddings"):
+        runtime(model, config(replay=True))
+    rt = runtime(model, anchors=False)
+    with pytest.raises(ValueError, match=r"^zamba2: suffix replay"):
+        measure_replay(rt, random_tokens(40, 128, 1), 16, [16])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from hf_support import (
-    ARCHS,
+    ALL_ARCHS,
     assert_restored_exact,
     captured_restores,
     random_tokens,
@@ -27,7 +27,7 @@ def _budgets(state: int, kv: int, anchor: int) -> dict[ObjectKind, int]:
     return {ObjectKind.STATE: state, ObjectKind.KV: kv, ObjectKind.ANCHOR: anchor}
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
     model = tiny_model(arch)
     probe = runtime(model)
@@ -42,7 +42,7 @@ def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
         NvmeTier(tmp_path / "nvme", _budgets(1 << 24, 1 << 24, 1 << 24), fsync=False),
     ])
     rt = runtime(model, store=store)
-    vocab = model.config.vocab_size
+    vocab = model.config.get_text_config().vocab_size
     prefix = random_tokens(70, vocab, 11)
     for seed in (12, 13):  # the second request creates the checkpoint at the branch (70)
         r = rt.prefill(prefix + random_tokens(30, vocab, seed))

@@ -158,7 +158,7 @@ class SchedulerSide:
         kv_to = max([cap - cap % chunk, *states])
         specs: list[ObjectSpec] = []
         kvb = self.index.geometry.kv_bytes_per_token()
-        if kv_to > kv_from:
+        if kv_to > kv_from and kvb:  # a state-only model (pure SSM) saves no KV
             specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
                       for s, e in cut_chunks(kv_from, kv_to, chunk, states)]
         sb = self.index.geometry.state_bytes()

@@ -259,3 +259,24 @@ def test_a_restarted_engine_hits_on_what_its_nvme_tier_kept(env: dict[str, Any],
     assert saved["state"] > 0 and st.restored.get("state", 0) > 0 and st.restored.get("kv", 0) > 0
     assert runner.bad == [] and st.hits >= 2 and set(st.hit_sources) == {"nvme"}
     again.connector.sched.index.check_integrity()
+
+
+def test_a_pure_mamba2_model_gets_state_only_hits(tmp_path: Path) -> None:
+    """No attention layers: vLLM packs the Mamba layers of its one group layer-major; the
+    connector saves states only (no KV objects) and every hit is a checkpoint."""
+    y = tmp_path / "ssm.yaml"
+    y.write_text(YAML)
+    vc = s.vllm_config(s.tiny_mamba2(tmp_path), y)
+    cfg = s.kv_cache_config(vc, num_blocks=7)
+    native = copy.deepcopy(vc)
+    native.kv_transfer_config = None
+    base_runner = h.Runner(cfg, None)
+    base = h.run(h.make_scheduler(native, cfg), base_runner, _requests(3), evict_every=1)
+    sched = h.make_scheduler(vc, cfg)
+    runner = h.Runner(cfg, KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg))
+    outs = h.run(sched, runner, _requests(3), evict_every=1)
+    runner.connector.shutdown()
+    st = sched.connector.sched.stats
+    assert base_runner.bad == [] and runner.bad == [] and outs == base
+    assert st.hits >= 1 and st.hits_without_state == 0 and set(st.saved_objects) == {"state"}
+    assert runner.computed_tokens < base_runner.computed_tokens

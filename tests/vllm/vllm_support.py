@@ -54,7 +54,19 @@ def tiny_qwen3_next(root: Path) -> Path:
     return d
 
 
-MODELS = {"nemotron_h": tiny_nemotron_h, "qwen3_next": tiny_qwen3_next}
+def tiny_mamba2(root: Path) -> Path:
+    """A pure Mamba2 config directory (no attention: a state-only cache)."""
+    from transformers import Mamba2Config
+
+    c = Mamba2Config(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32,
+                     state_size=16, n_groups=1, conv_kernel=4, expand=2, chunk_size=16)
+    c.architectures = ["Mamba2ForCausalLM"]
+    d = root / "mamba2"
+    c.save_pretrained(d)
+    return d
+
+
+MODELS = {"nemotron_h": tiny_nemotron_h, "qwen3_next": tiny_qwen3_next, "mamba2": tiny_mamba2}
 
 
 def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
@@ -105,19 +117,22 @@ def layer_specs(vc: Any) -> dict[str, Any]:
     hf = mc.hf_text_config
     mamba_type = Backends.GDN_ATTN if "Qwen3Next" in mc.architectures[0] else Backends.MAMBA2
     tp = vc.parallel_config.tensor_parallel_size
+    kinds = (getattr(hf, "layers_block_type", None) or getattr(hf, "layer_types", None)
+             or ["mamba"] * hf.num_hidden_layers)  # a pure SSM: every layer a Mamba layer
+    has_attn = any(k in ("attention", "full_attention") for k in kinds)
     attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=hf.num_key_value_heads // tp,
-                             head_size=hf.head_dim, dtype=torch.float32)
+                             head_size=hf.head_dim, dtype=torch.float32) if has_attn else None
     state = sum(torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
-    assert attn.page_size_bytes >= state, "raise BLOCK: vLLM pads the state page to the KV page"
+    assert attn is None or attn.page_size_bytes >= state, "raise BLOCK: vLLM pads the state page"
     out: dict[str, Any] = {}
-    kinds = getattr(hf, "layers_block_type", None) or hf.layer_types
     for i, kind in enumerate(kinds):
         if kind in ("attention", "full_attention"):
+            assert attn is not None
             out[f"model.layers.{i}.mixer.attn"] = attn
         elif kind in ("mamba", "linear_attention"):
             out[f"model.layers.{i}.mixer"] = MambaSpec(
                 block_size=BLOCK, shapes=tuple(shapes), dtypes=tuple(dtypes),
-                page_size_padded=attn.page_size_bytes, mamba_type=mamba_type,
+                page_size_padded=attn.page_size_bytes if attn else None, mamba_type=mamba_type,
                 mamba_cache_mode="align")
     return out
 
@@ -147,21 +162,24 @@ def allocate(cfg: Any, seed: int = 0) -> dict[str, Any]:
     nb = cfg.num_blocks
     for t in cfg.kv_cache_tensors:
         raw = torch.randint(0, 256, (t.size,), dtype=torch.uint8, generator=gen)
-        for name in t.layers:
+        for j, name in enumerate(t.layers):
             spec = specs[name]
+            # layers listed together share the bytes (HMA), unless the planner packed them
+            # layer-major (``layer_stride``: a pure-SSM group's layers side by side)
+            base = t.offset + j * t.layer_stride
+            page = t.block_stride or spec.page_size_bytes
+            region = raw[base : base + nb * page]
             if isinstance(spec, MambaSpec):
-                page = spec.page_size_bytes
                 views, off = [], 0
                 for shape, dt in zip(spec.shapes, spec.dtypes, strict=True):
                     n = torch.Size(shape).numel()
-                    flat = raw.view(dt)
-                    stride = page // dt.itemsize
-                    views.append(torch.as_strided(flat, (nb, *shape),
-                                                  (stride, *torch.empty(shape).stride()),
-                                                  off // dt.itemsize))
+                    # as_strided's offset counts from the start of the storage (raw's)
+                    views.append(torch.as_strided(raw.view(dt), (nb, *shape),
+                                                  (page // dt.itemsize, *torch.empty(shape).stride()),
+                                                  (base + off) // dt.itemsize))
                     off += n * dt.itemsize
                 out[name] = views
             else:
-                out[name] = raw.view(spec.dtype).view(2, nb, spec.block_size, spec.num_kv_heads,
-                                                      spec.head_size)
+                out[name] = region.view(spec.dtype).view(2, nb, spec.block_size, spec.num_kv_heads,
+                                                         spec.head_size)
     return out

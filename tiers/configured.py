@@ -67,6 +67,18 @@ def build_tiers(config: HybridConfig, device: torch.device | str | None = None,
     return tiers
 
 
+def shared_view(config: HybridConfig) -> Tier | None:
+    """A client of the config's shared (remote) tier for a process that holds no bytes of
+    its own (a vLLM scheduler): what ``discover`` reads other instances' manifests through.
+    None without a remote tier."""
+    if not (config.remote_url and config.budget("remote").total):
+        return None
+    from tiers.remote import RemoteTier
+
+    return RemoteTier(str(config.remote_url), _budgets(config, "remote"), serde=config.remote_serde,
+                      timeout=config.remote_timeout_s, limits=manifest_limits(config))
+
+
 def tier_specs(config: HybridConfig) -> list[TierSpec]:
     """The ledger's view of ``build_tiers(config)``: budgets, slow and shared flags, slab
     page sizes (device and host), without building anything."""

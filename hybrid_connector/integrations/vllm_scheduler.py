@@ -43,7 +43,7 @@ from hybrid_connector.plan import LoadPlan, ObjectSpec
 from hybrid_connector.ranks import RankGather
 from hybrid_connector.session import cut_chunks
 from tiers.backend import Backend
-from tiers.configured import tier_specs
+from tiers.configured import shared_view, tier_specs
 
 BlockIds = tuple[tuple[int, ...], ...]
 
@@ -77,6 +77,9 @@ class SchedulerSide:
         self.index: CacheIndex = assemble.index(config, geometry, Backend(tier_specs(config)),
                                                 layout=dict(layout))
         self.gather = RankGather(self.index, world_size)
+        # other instances' objects on the shared tier are found through its manifests
+        self.index.shared_view = shared_view(config)  # type: ignore[assignment]
+        self._discovered: set[str] = set()
         self.stats = Counters()
         self._requests: dict[str, Any] = {}
         self._hits: dict[str, tuple[LoadPlan, int]] = {}
@@ -103,7 +106,12 @@ class SchedulerSide:
         self._hits.pop(rid, None)
         if num_computed % self.bs:
             return 0, False
-        plan = self.index.lookup(self.tokens(request), alignment=self.bs, replay=False)
+        toks = self.tokens(request)
+        if self.index.shared_view is not None and rid not in self._discovered:
+            self._discovered.add(rid)  # once per request: a lookup may be repeated
+            self.index.discover(toks, EngineHashes(self.hash_block, list(request.block_hashes), toks),
+                                alignment=self.bs)
+        plan = self.index.lookup(toks, alignment=self.bs, replay=False)
         if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
             return 0, False
         self._hits[rid] = (plan, num_computed)
@@ -262,6 +270,7 @@ class SchedulerSide:
     def finished(self, request: Any) -> None:
         """vLLM's ``request_finished``: forget the request (its saves are copied already)."""
         rid = request.request_id
+        self._discovered.discard(rid)
         for d in (self._requests, self._hits, self._kv_saved, self._states_saved, self._offers,
                   self.sources):
             d.pop(rid, None)
@@ -269,3 +278,5 @@ class SchedulerSide:
 
     def close(self) -> None:
         self.index.close()
+        if self.index.shared_view is not None:
+            self.index.shared_view.close()  # type: ignore[attr-defined]

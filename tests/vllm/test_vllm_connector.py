@@ -280,3 +280,29 @@ def test_a_pure_mamba2_model_gets_state_only_hits(tmp_path: Path) -> None:
     assert base_runner.bad == [] and runner.bad == [] and outs == base
     assert st.hits >= 1 and st.hits_without_state == 0 and set(st.saved_objects) == {"state"}
     assert runner.computed_tokens < base_runner.computed_tokens
+
+
+def test_a_second_engine_hits_on_what_the_first_stored_on_a_shared_redis(
+        env: dict[str, Any], tmp_path: Path, redis_server: str) -> None:
+    """Two engines (scheduler + worker each, their own host tiers) share a real redis-server:
+    the second discovers the first's objects through the shared tier's manifests and loads
+    them from redis, byte-checked (vLLM's block hashes agree: one NONE_HASH per process)."""
+    y = tmp_path / "shared.yaml"
+    y.write_text(YAML.split("pools:")[0] + f"remote_url: {redis_server}\n"
+                 "pools:\n  host: {kv: 4MB, state: 2MB}\n  remote: {kv: 8MB, state: 8MB}\n")
+    vc = copy.deepcopy(env["vc"])
+    vc.kv_transfer_config.kv_connector_extra_config = {"config_file": str(y)}
+    prompts = _requests(21, 3)
+    first = h.make_scheduler(vc, env["cfg"])
+    r1 = h.Runner(env["cfg"], _worker(env, vc))
+    h.run(first, r1, prompts)
+    r1.connector.shutdown()
+    second = h.make_scheduler(vc, env["cfg"])
+    r2 = h.Runner(env["cfg"], _worker(env, vc))
+    h.run(second, r2, [h.make_request(f"b{i}", list(r.prompt_token_ids), 2) for i, r in enumerate(prompts)])
+    r2.connector.shutdown()
+    st = second.connector.sched.stats
+    assert r1.bad == [] and r2.bad == []
+    assert st.hits >= 1 and st.hit_sources.get("remote", 0) > 0
+    first.connector.shutdown()
+    second.connector.shutdown()

@@ -216,7 +216,7 @@ def _main() -> None:
     ap.add_argument("--page", type=int, help="anchor page (16; --trained: 64)")
     ap.add_argument("--density", type=float, default=1.0)
     ap.add_argument("--ks", type=int, nargs="*",
-                    help="anchor budgets (8 32 128 384; --trained: 4 8 16 32 64 128 192)")
+                    help="anchor budgets (8 32 128 384; --trained: 1 2 4 8 16 32 64 128 192)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--init-std", type=float, default=0.02,
                     help="initializer_range of the random weights (larger: peakier logits)")
@@ -231,7 +231,7 @@ def _main() -> None:
         from hybrid_connector.integrations.hf_quality_report import write_report
 
         tokens, p, page = args.tokens or 256, args.p or 192, args.page or 64
-        rows = sweep_trained(args.ks or [4, 8, 16, 32, 64, 128, 192], args.rhos, p, tokens,
+        rows = sweep_trained(args.ks or [1, 2, 4, 8, 16, 32, 64, 128, 192], args.rhos, p, tokens,
                              args.prompts, page)
         print(write_report(rows, args.out, p=p, tokens=tokens, page=page))
         return

@@ -63,8 +63,8 @@ def write_report(rows: Sequence[dict[str, Any]], out: str | Path, *, p: int, tok
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     gates = gates_from_rows(rows)
-    admitted = {str(rho): [int(r["k_used"]) for r in rows if r["model"] == "trained"
-                           and r["rho"] == rho and g.admits(int(r["k_used"]))]
+    admitted = {str(rho): sorted({int(r["k_used"]) for r in rows if r["model"] == "trained"
+                                  and r["rho"] == rho and g.admits(int(r["k_used"]))})
                 for rho, g in gates.items()}
     meta = {"p": p, "tokens": tokens, "page": page, "max_kl": MAX_KL, "min_top1": MIN_TOP1,
             "text": "held-out stdlib files (hf_trained.corpus_files('heldout')), bytes"}

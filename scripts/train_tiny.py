@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.linalg.solve_triangular = _unit_lower_solve  # type: ignore[assignment]
+    torch.linalg.solve_triangular = _unit_lower_solve
     torch.manual_seed(args.seed)
     pattern = ["linear_attention"] * 3 + ["full_attention"]
     cfg = trained_config(hidden_size=args.hidden, num_hidden_layers=args.layers,

@@ -10,6 +10,10 @@ a :class:`~hybrid_connector.replay.ReplayGate`.
 
 ``python -m hybrid_connector.integrations.hf_quality`` prints the sweep for the tiny
 configs, with random-init decay and with long-memory decay (see ``long_memory_``).
+``--trained`` sweeps k and the anchor density rho on the shipped trained Qwen3.5 model
+(:mod:`hybrid_connector.integrations.hf_trained`) and on the same architecture with random
+weights, over held-out stdlib text, calibrates a gate per rho from the trained figures and
+writes ``replay_quality_trained.{json,md,png}`` (:mod:`hybrid_connector.integrations.hf_quality_report`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -98,6 +103,52 @@ def calibrate_gate(rt: HFRuntime, gate: ReplayGate, prompts: Sequence[Sequence[i
     return gate
 
 
+def sweep_trained(ks: Sequence[int], rhos: Sequence[float], p: int = 192, tokens: int = 256,
+                  n_prompts: int = 4, page: int = 16, continuation: int = 16,
+                  models: Sequence[str] = ("trained", "random")) -> list[dict[str, Any]]:
+    """Replay quality of the shipped trained model and of the same architecture with random
+    weights (seed 0), on ``n_prompts`` disjoint held-out stdlib windows of ``tokens`` bytes,
+    for every anchor density rho and anchor budget k. One row per (model, rho, k): the means
+    over prompts of KL mean, KL max (max over prompts), top-1 and greedy agreement, with the
+    tokens the k anchors span (p minus the first replayed anchor's position) and the per-prompt :class:`ReplayQuality` list."""
+    from hybrid_connector.config import load_config
+    from hybrid_connector.integrations.hf import HFRuntime
+    from hybrid_connector.integrations.hf_trained import corpus_tokens, load_trained_model
+    from hybrid_connector.keys import ObjectKind
+    from tiers.memory import MemoryStore
+
+    held = corpus_tokens("heldout", limit=tokens * n_prompts)
+    prompts = [held[i * tokens:(i + 1) * tokens].tolist() for i in range(n_prompts)]
+    rows: list[dict[str, Any]] = []
+    for name in models:
+        model = load_trained_model()
+        if name == "random":
+            torch.manual_seed(0)
+            model = type(model)(model.config).eval()
+        for rho in rhos:
+            conf = load_config(overrides={"anchor_page_size": page, "anchor_density": rho,
+                                          "chunk_size": 64, "alignment": 1}, environ={})
+            rt = HFRuntime.create(model, conf, MemoryStore({k: 1 << 30 for k in ObjectKind}),
+                                  anchors=False)
+            kept = [q for start in range(0, p, page) for q in rt.layout.positions(start)]
+            per_k: dict[int, list[ReplayQuality]] = {k: [] for k in ks}
+            for toks in prompts:
+                for k, q in zip(ks, measure_replay(rt, toks, p, ks, continuation), strict=True):
+                    per_k[k].append(q)
+            for k, qs in per_k.items():
+                rows.append({
+                    "model": name, "rho": rho, "k": k, "k_used": qs[0].k,
+                    "span_tokens": p - int(kept[-qs[0].k]),
+                    "kl_mean": sum(q.kl_mean for q in qs) / len(qs),
+                    "kl_max": max(q.kl_max for q in qs),
+                    "top1": sum(q.top1 for q in qs) / len(qs),
+                    "greedy": sum(q.continuation for q in qs) / len(qs),
+                    "per_prompt": [asdict(q) for q in qs]})
+            print(f"{name} rho={rho}: " + " ".join(
+                f"k={r['k']}:{r['top1']:.3f}" for r in rows if r["model"] == name and r["rho"] == rho))
+    return rows
+
+
 # --------------------------------------------------------------------------- test models
 
 
@@ -160,16 +211,32 @@ def _main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--archs", nargs="*", default=list(TINY_ARCHS))
-    ap.add_argument("--tokens", type=int, default=448)
-    ap.add_argument("--p", type=int, default=384)
-    ap.add_argument("--page", type=int, default=16)
+    ap.add_argument("--tokens", type=int, help="prompt length (448; --trained: 256)")
+    ap.add_argument("--p", type=int, help="restore position (384; --trained: 192)")
+    ap.add_argument("--page", type=int, help="anchor page (16; --trained: 64)")
     ap.add_argument("--density", type=float, default=1.0)
-    ap.add_argument("--ks", type=int, nargs="*", default=[8, 32, 128, 384])
+    ap.add_argument("--ks", type=int, nargs="*",
+                    help="anchor budgets (8 32 128 384; --trained: 1 2 4 8 16 32 64 128 192)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--init-std", type=float, default=0.02,
                     help="initializer_range of the random weights (larger: peakier logits)")
+    ap.add_argument("--trained", action="store_true",
+                    help="sweep k and rho on the shipped trained model (and random weights)")
+    ap.add_argument("--rhos", type=float, nargs="*", default=[1.0, 0.5, 0.25])
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.trained:
+        from hybrid_connector.integrations.hf_quality_report import write_report
+
+        tokens, p, page = args.tokens or 256, args.p or 192, args.page or 64
+        rows = sweep_trained(args.ks or [1, 2, 4, 8, 16, 32, 64, 128, 192], args.rhos, p, tokens,
+                             args.prompts, page)
+        print(write_report(rows, args.out, p=p, tokens=tokens, page=page))
+        return
+    args.tokens, args.p, args.page = args.tokens or 448, args.p or 384, args.page or 16
+    args.ks = args.ks or [8, 32, 128, 384]
     conf = load_config(overrides={"anchor_page_size": args.page, "anchor_density": args.density,
                                   "chunk_size": 64, "alignment": 1}, environ={})
     print(f"tokens={args.tokens} p={args.p} page={args.page} rho={args.density} "

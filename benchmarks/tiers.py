@@ -59,6 +59,7 @@ from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.model_presets import get_preset
 from tiers import lm_protocol
 from tiers.device import DeviceTier
+from tiers.fileio import write_all
 from tiers.host import HostTier
 from tiers.nvme import NvmeTier
 from tiers.remote import LmClient, RedisClient, RemoteTier
@@ -135,6 +136,16 @@ def memcpy_ops(items: list[tuple[ObjectKey, torch.Tensor]], device: torch.device
     return Ops(put, get)
 
 
+def write_synced(path: Path, data: memoryview) -> None:
+    """The plain-IO baseline's write: the whole object, then fsync (no header, no rename)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def file_ops(items: list[tuple[ObjectKey, torch.Tensor]], d: Path) -> Ops:
     """Plain file IO of the same bytes: write + fsync per object; read into a buffer."""
     d.mkdir(parents=True, exist_ok=True)
@@ -143,12 +154,7 @@ def file_ops(items: list[tuple[ObjectKey, torch.Tensor]], d: Path) -> Ops:
 
     def put() -> None:
         for i, v in enumerate(views):
-            fd = os.open(d / f"plain{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            mv = memoryview(v)
-            while mv:
-                mv = mv[os.write(fd, mv):]
-            os.fsync(fd)
-            os.close(fd)
+            write_synced(d / f"plain{i}", v)
 
     def get() -> None:
         for i, b in enumerate(back):

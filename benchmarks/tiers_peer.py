@@ -46,7 +46,7 @@ sys.modules["bench_tiers"] = bench_tiers  # its dataclasses look their module up
 _spec.loader.exec_module(bench_tiers)
 K = ObjectKind
 objects, DTYPES, object_sizes = bench_tiers.objects, bench_tiers.DTYPES, bench_tiers.object_sizes
-file_ops, timed = bench_tiers.file_ops, bench_tiers.timed
+file_ops, timed, write_synced = bench_tiers.file_ops, bench_tiers.timed, bench_tiers.write_synced
 
 
 # ------------------------------------------------------------------ peer: LMCache 0.5.6
@@ -169,12 +169,7 @@ def plain_side(items: list[tuple[ObjectKey, torch.Tensor]], d: Path, threads: in
     pool = ThreadPoolExecutor(threads)
 
     def write(i: int) -> None:
-        fd = os.open(d / f"plain{i}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        mv = memoryview(views[i])
-        while mv:
-            mv = mv[os.write(fd, mv):]
-        os.fsync(fd)
-        os.close(fd)
+        write_synced(d / f"plain{i}", views[i])
 
     def get() -> None:
         for i, b in enumerate(back):

@@ -16,13 +16,10 @@ LIGHT_DEPS=(regex cachetools psutil sentencepiece requests tqdm blake3 py-cpuinf
     pyzmq msgspec pyyaml einops cloudpickle cbor2 pybase64 setproctitle typing_extensions
     filelock partial-json-parser openai-harmony uvloop xgrammar llguidance loguru)
 
-die() { echo "install_engines.sh: $*" >&2; exit 1; }
-
-TORCH=$("$PYTHON" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null) \
-    || die "$PYTHON cannot import torch; install torch==2.13.0 first (never a CUDA build here)"
-CONSTRAINTS=$(mktemp)
-trap 'rm -f "$CONSTRAINTS"' EXIT
-echo "torch==${TORCH}" > "$CONSTRAINTS"
+NAME=install_engines.sh
+PINNED="vllm|compressed-tensors"
+# shellcheck source=scripts/pinned_pip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/pinned_pip.sh"
 
 have_vllm() {
     VLLM_TARGET_DEVICE=cpu "$PYTHON" - <<'PY' >/dev/null 2>&1
@@ -37,12 +34,9 @@ PY
 }
 
 if ! have_vllm; then
-    PIP=("$PYTHON" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS")
     "${PIP[@]}" --no-deps "vllm==${VLLM_VERSION}" "compressed-tensors==0.17.0" \
         || die "pip install vllm==${VLLM_VERSION} failed"
-    "${PIP[@]}" "${LIGHT_DEPS[@]}" 2>&1 \
-        | grep -v -E "^(WARNING|ERROR: pip's dependency resolver|vllm .* requires|compressed-tensors .* requires)" || true
+    pip_light "${LIGHT_DEPS[@]}"
     have_vllm || die "vllm ${VLLM_VERSION} installed but its connector/scheduler modules do not import"
 fi
-"$PYTHON" -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH}', torch.__version__" \
-    || die "torch changed while installing vLLM's light dependencies"
+torch_unchanged

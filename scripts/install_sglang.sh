@@ -15,13 +15,10 @@ PYTHON="${PYTHON:-python3}"
 SGLANG_VERSION="0.5.23"
 LIGHT_DEPS=(IPython)
 
-die() { echo "install_sglang.sh: $*" >&2; exit 1; }
-
-TORCH=$("$PYTHON" -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null) \
-    || die "$PYTHON cannot import torch; install torch==2.13.0 first (never a CUDA build here)"
-CONSTRAINTS=$(mktemp)
-trap 'rm -f "$CONSTRAINTS"' EXIT
-echo "torch==${TORCH}" > "$CONSTRAINTS"
+NAME=install_sglang.sh
+PINNED="sglang"
+# shellcheck source=scripts/pinned_pip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/pinned_pip.sh"
 
 have_sglang() {
     "$PYTHON" - <<'PY' >/dev/null 2>&1
@@ -38,11 +35,8 @@ PY
 }
 
 if ! have_sglang; then
-    PIP=("$PYTHON" -m pip install -q --disable-pip-version-check -c "$CONSTRAINTS")
     "${PIP[@]}" --no-deps "sglang==${SGLANG_VERSION}" || die "pip install sglang==${SGLANG_VERSION} failed"
-    "${PIP[@]}" "${LIGHT_DEPS[@]}" 2>&1 \
-        | grep -v -E "^(WARNING|ERROR: pip's dependency resolver|sglang .* requires)" || true
+    pip_light "${LIGHT_DEPS[@]}"
     have_sglang || die "sglang ${SGLANG_VERSION} installed but sglang.srt.mem_cache.hicache_storage does not import"
 fi
-"$PYTHON" -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH}', torch.__version__" \
-    || die "torch changed while installing SGLang's light dependencies"
+torch_unchanged

@@ -159,13 +159,17 @@ class SchedulerSide:
         """The save job for ``request`` once its first ``end`` tokens are computed."""
         rid = request.request_id
         cap = end if self.config.save_decode_cache else min(end, request.num_prompt_tokens)
-        toks = self.tokens(request)[:end]
         chunk = self.config.chunk_size
-        states = self._admitted_states(rid, toks, end, cap) if self.groups.recurrent else []
         kv_from = self._kv_saved.get(rid, 0)
+        kvb = self.index.geometry.kv_bytes_per_token()
+        saved = self._states_saved.get(rid, set())
+        unsaved = self.groups.recurrent and any(q not in saved for q in self._offers.get(rid, {}))
+        if not unsaved and (not kvb or cap - cap % chunk <= kv_from):
+            return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)
+        toks = self.tokens(request)[:end]
+        states = self._admitted_states(rid, toks, end, cap) if self.groups.recurrent else []
         kv_to = max([cap - cap % chunk, *states])
         specs: list[ObjectSpec] = []
-        kvb = self.index.geometry.kv_bytes_per_token()
         if kv_to > kv_from and kvb:  # a state-only model (pure SSM) saves no KV
             specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
                       for s, e in cut_chunks(kv_from, kv_to, chunk, states)]

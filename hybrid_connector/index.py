@@ -305,10 +305,10 @@ class CacheIndex(IndexCore):
         return relink(self, items, verify)
 
     def adopt(self, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None, str]],
-              verify: bool = True) -> Rebuilt:
+              verify: bool = True, strays: Iterable[tuple[ObjectKey, str]] = ()) -> Rebuilt:
         """Adopt and re-link what worker processes report they hold (``(key, nbytes, meta,
-        tier)``); see ``hybrid_connector.rebuild.adopt_reported``."""
-        return adopt_reported(self, items, self.reclaim.orphans, verify)
+        tier)``), remove ``strays``; see ``hybrid_connector.rebuild.adopt_reported``."""
+        return adopt_reported(self, items, self.reclaim.orphans, verify, strays)
 
     # ---------------------------------------------------------------- callbacks
     def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:

@@ -27,6 +27,7 @@ from hybrid_connector.index import CacheIndex
 from hybrid_connector.keys import ObjectKey
 from hybrid_connector.meta import ObjectMeta
 from hybrid_connector.plan import LoadPlan
+from hybrid_connector.rebuild import Rebuilt
 from hybrid_connector.saving import SaveTicket
 from tiers.executor import Executor
 from tiers.ops import Op
@@ -94,6 +95,9 @@ class RankWorker:
         return got, LoadReport(plan_id, self.rank, tuple(failed), tuple(lost))
 
 
+Held = tuple[ObjectKey, int, ObjectMeta | None, str]  # (key, bytes, metadata, tier name)
+
+
 @dataclass
 class _Pending:
     reports: dict[int, tuple[bool, ...]] = field(default_factory=dict)  # rank -> results
@@ -111,6 +115,7 @@ class RankGather:
         self._tickets: dict[int, SaveTicket] = {}
         self._ops: dict[tuple[int, tuple[int, ...]], _Pending] = {}
         self._loads: dict[int, dict[int, LoadReport]] = {}
+        self._held: dict[int, list[Held]] = {}  # rank -> its persistent tiers' inventory
         self._lock = threading.Lock()
         self._next_drain = -1
 
@@ -166,3 +171,19 @@ class RankGather:
         if lost:
             self.index.report_load(plan, list(lost))
         return failed
+
+    def inventory(self, rank: int, items: Sequence[Held], verify: bool = True) -> Rebuilt | None:
+        """Record what one rank's persistent tiers hold (a warm restart); once every rank
+        reported, adopt into the index what all of them hold in the same tier (re-linked
+        from its metadata, see ``CacheIndex.adopt``) and remove the rest from every rank, so
+        the ranks never diverge. None until every rank reported."""
+        with self._lock:
+            self._held[rank] = list(items)
+            if len(self._held) < self.world_size:
+                return None
+            held, self._held = self._held, {}
+        sets = [{(k, t) for k, _, _, t in its} for its in held.values()]
+        common = set.intersection(*sets)
+        both = [it for it in held[min(held)] if (it[0], it[3]) in common]
+        strays = sorted({kt for s_ in sets for kt in s_ - common}, key=str)
+        return self.index.adopt(both, verify, strays)

@@ -122,13 +122,15 @@ def _block_ends(start: int, end: int, bs: int) -> list[int]:
 
 
 def adopt_reported(ix: IndexCore, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None, str]],
-                   orphans: dict[ObjectKind, list[ObjectKey]], verify: bool = True) -> Rebuilt:
+                   orphans: dict[ObjectKind, list[ObjectKey]], verify: bool = True,
+                   strays: Iterable[tuple[ObjectKey, str]] = ()) -> Rebuilt:
     """Warm restart across processes: account what worker processes report their persistent
     tiers hold (``(key, nbytes, meta, tier)``, held on every rank) in the ledger, then
     re-link it (``relink``). An object the ledger has no room for, or of another model,
     is removed from the workers (``Remove`` ops in the index's outbox), so the workers'
     tiers never hold bytes the ledger does not know. Mutates the ledger, the index and its
-    outbox; adopted keys join ``orphans`` (the reclaimer's queue: reclaimed first, oldest
+    outbox; ``strays``, ``(key, tier)`` some workers hold but not all, are removed the same
+    way); adopted keys join ``orphans`` (the reclaimer's queue: reclaimed first, oldest
     first, unless re-linked). Never raises for what the items hold."""
     from tiers.ops import Remove
 
@@ -141,5 +143,6 @@ def adopt_reported(ix: IndexCore, items: Iterable[tuple[ObjectKey, int, ObjectMe
                 orphans[key.kind].append(key)
             elif key not in ix.ledger.entries:
                 removes.append(Remove(key, tier))
+        removes += [Remove(k, t) for k, t in strays]
         ix.outbox.extend(removes)
     return relink(ix, kept, verify)

@@ -16,10 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.meta import ObjectMeta
-from hybrid_connector.ranks import LoadReport, OpBatch, OpReport
-
-Held = tuple[ObjectKey, int, ObjectMeta | None, str]  # (key, bytes, metadata, tier name)
+from hybrid_connector.ranks import Held, LoadReport, OpBatch, OpReport
 
 
 @dataclass(frozen=True)

@@ -91,8 +91,6 @@ class SchedulerSide:
         self._offers: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
         self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
         self.sources: dict[str, dict[Any, int]] = {}  # request -> external tokens by tier
-        self.world_size = world_size
-        self._held: dict[int, list[Held]] = {}  # rank -> inventory (warm restart)
         self._adopted = False
 
     # ---------------------------------------------------------------- hits
@@ -249,27 +247,14 @@ class SchedulerSide:
                 self.stats.hit_tokens += plan.num_tokens
 
     def _adopt(self, inventory: list[tuple[int, list[Held]]]) -> None:
-        """Once every rank reported what its NVMe tier holds: adopt what all of them hold
-        in the same tier (re-linked from its metadata), remove the rest from every rank."""
-        if self._adopted:
-            return
+        """Each rank's first report: what its NVMe tier kept (``RankGather.inventory``
+        adopts what every rank holds once all reported, and removes the rest)."""
         for rank, items in inventory:
-            self._held[rank] = items
-        if len(self._held) < self.world_size:
-            return
-        sets = [{(k, t) for k, _, _, t in items} for items in self._held.values()]
-        common = set.intersection(*sets)
-        first = self._held[min(self._held)]
-        both = [it for it in first if (it[0], it[3]) in common]
-        stray = {(k, t) for s_ in sets for k, t in s_ - common}
-        from tiers.ops import Remove
-
-        with self.index.lock:
-            self.index.outbox.extend(Remove(k, t) for k, t in sorted(stray, key=str))
-        # vLLM's block hashes cannot be recomputed here (extra keys, its hash function):
-        # the chain is trusted to the NVMe tier's checksums, as rebuild.py documents
-        self.stats.restored = dict(self.index.adopt(both, verify=False).indexed)
-        self._held, self._adopted = {}, True
+            # vLLM's block hashes cannot be recomputed here (extra keys, its hash function):
+            # the chain is trusted to the NVMe tier's checksums, as rebuild.py documents
+            got = None if self._adopted else self.gather.inventory(rank, items, verify=False)
+            if got is not None:
+                self.stats.restored, self._adopted = dict(got.indexed), True
 
     def finished(self, request: Any) -> None:
         """vLLM's ``request_finished``: forget the request (its saves are copied already)."""

@@ -278,6 +278,13 @@ class ServerCache:
         self._saves.submit(lambda: None).result()
         self._try(Ext.FLUSH, m.Empty(), m.Empty)
 
+    def check_integrity(self) -> None:
+        """``flush``, then the server checks this model's index and its store's accounting
+        (``HybridCache.check_integrity``); ``ServerRefused`` when that fails,
+        ``ServerUnavailable`` when the server cannot be asked."""
+        self._saves.submit(lambda: None).result()
+        self._ask(Ext.FLUSH, m.Empty(), m.Empty)
+
     def server_stats(self) -> dict[str, Any] | None:
         """The server's ``STATS`` (every client's view), None when unreachable."""
         got = self._try(Ext.STATS, m.Empty(), m.StatsReply)

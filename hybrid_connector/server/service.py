@@ -149,8 +149,13 @@ class Service:
             return self._load(cache, sid, msg)
         if command is Ext.SAVE:
             return self._save(cache, msg, payloads)
-        if command is Ext.FLUSH:
+        if command is Ext.FLUSH:  # queued tier ops landed, then the index checks itself
             cache.flush()
+            try:
+                cache.check_integrity()
+            except AssertionError as exc:
+                log.error("integrity check of %s failed: %s", fp, exc)
+                return error(Code.INTERNAL, f"integrity check failed: {exc}")
             return ok(m.Empty())
         return error(Code.BAD_REQUEST, f"{command.name} is not a model command")
 

@@ -94,3 +94,24 @@ def test_embedded_and_server_mode_give_the_same_hits(tmp_path: Path) -> None:
         got, _ = turns(remote, 4)  # type: ignore[arg-type]
         remote.close()
     assert got == want
+
+
+def test_warm_restart_serves_what_the_nvme_tier_holds(tmp_path: Path) -> None:
+    """SIGTERM, then a new server process over the same NVMe directory: a new client's
+    first request hits on the previous run's conversation (the index is re-linked from the
+    objects' metadata at the model's first HELLO), every byte verified."""
+    from server_support import ServerProcess
+
+    cfg = server_config(tmp_path, host_mb=0, disk_mb=512)  # NVMe only: all of it persists
+    with ServerProcess(cfg, tmp_path) as srv:
+        a = assemble.engine_cache(client_config(srv.url, chunk_size=256), GEO)
+        first, history = turns(a, 2)  # type: ignore[arg-type]
+        a.close()
+        assert srv.terminate() == 0
+    with ServerProcess(cfg, tmp_path) as srv:
+        b = assemble.engine_cache(client_config(srv.url, chunk_size=256), GEO)
+        second, _ = turns(b, 1, seed=5, history=history)  # type: ignore[arg-type]
+        b.check_integrity()  # type: ignore[union-attr]
+        b.close()
+    assert first[1][0] > 0 and second[0][0] >= len(history) - 16
+    assert all(ok for _, ok in first + second)

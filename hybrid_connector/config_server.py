@@ -40,7 +40,7 @@ class ServerSettings(_Section):
     max_object_bytes: Bytes = 256 << 20
     max_inflight_bytes: Bytes = 4 << 30
     frame_timeout_s: float = Field(30.0, gt=0.0, allow_inf_nan=False)
-    min_rate: Bytes = 1 << 20
+    min_rate: Bytes = 32 << 20
     idle_timeout_s: float = Field(600.0, gt=0.0, allow_inf_nan=False)
     workers: int = Field(8, gt=0, le=256)  # threads running cache calls off the event loop
     plain_lmcache: bool = True  # serve LMCache's PUT/GET/EXIST/LIST/HEALTH

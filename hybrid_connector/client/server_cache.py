@@ -29,7 +29,7 @@ import secrets
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
 
 import numpy as np
@@ -115,13 +115,17 @@ class ServerCache:
         return conn
 
     @contextmanager
-    def _conn(self) -> Iterator[Connection]:
-        try:
-            conn = self._idle.get_nowait()
-        except queue.Empty:
+    def _conn(self, pooled: bool = True) -> Iterator[tuple[Connection, bool]]:
+        """A connection and whether it came from the idle pool."""
+        conn = None
+        if pooled:
+            with suppress(queue.Empty):
+                conn = self._idle.get_nowait()
+        reused = conn is not None
+        if conn is None:
             conn = self._connect()
         try:
-            yield conn
+            yield conn, reused
         finally:
             if not conn.closed and self._idle.qsize() < POOL:
                 self._idle.put(conn)
@@ -131,15 +135,23 @@ class ServerCache:
     def _ask(self, command: Ext, msg: m.Msg, reply_type: type[T],
              payloads: Sequence[bytes | memoryview] = ()) -> tuple[T, memoryview]:
         """One call; ``ServerUnavailable`` when it cannot complete, ``ValueError`` for a
-        ``BAD_REQUEST`` (the embedded cache's ValueError), ``ServerRefused`` otherwise."""
-        with self._conn() as conn:
-            try:
-                reply, rest = conn.expect(command, msg, reply_type, payloads)
-            except ServerRefused as exc:
-                if exc.code == Code.BAD_REQUEST:
-                    raise ValueError(str(exc)) from None
-                raise
-        return reply, rest  # type: ignore[return-value]
+        ``BAD_REQUEST`` (the embedded cache's ValueError), ``ServerRefused`` otherwise.
+        A call that fails on an idle pooled connection (the server restarted since) is
+        tried once more on a fresh one."""
+        for pooled in (True, False):
+            with self._conn(pooled) as (conn, reused):
+                try:
+                    reply, rest = conn.expect(command, msg, reply_type, payloads)
+                except ServerRefused as exc:
+                    if exc.code == Code.BAD_REQUEST:
+                        raise ValueError(str(exc)) from None
+                    raise
+                except ServerUnavailable:
+                    if not reused:
+                        raise
+                    continue
+            return reply, rest  # type: ignore[return-value]
+        raise AssertionError("unreachable")
 
     def _try(self, command: Ext, msg: m.Msg, reply_type: type[T],
              payloads: Sequence[bytes | memoryview] = ()) -> tuple[T, memoryview] | None:

@@ -37,6 +37,7 @@ from hybrid_connector.wire.frames import (
 from tiers.lm_protocol import Command
 
 log = logging.getLogger(__name__)
+CHUNK = 4 << 20  # body bytes read (and budgeted) at a time
 _MISS_META = (1, 2, 0, 0, 0, 0)  # what lmcache_server sends: KV_2LTD, float16, no shape
 
 
@@ -116,19 +117,41 @@ class Handler:
             await self._send(writer, [reply(code)])
             return False  # the body's extent cannot be trusted: close
         n = h.length
-        await self.gate.acquire(n)
+        if h.command == Command.PUT and n > self.s.max_object_bytes:
+            self.counts[("PUT", Code.TOO_LARGE)] += 1
+            return False  # PUT has no reply: refuse by closing, before reading the body
+        held = [0]
         try:
-            body = await asyncio.wait_for(reader.readexactly(n), self._deadline(n)) if n else b""
+            body = await self._body(reader, n, held)
             t0 = asyncio.get_running_loop().time()
             name = Ext(h.command).name if h.is_ext else Command(h.command).name
             keep, code = (await self._ext(conn, h, body, writer) if h.is_ext
                           else await self._plain(conn, h, body, writer))
         finally:
-            await self.gate.release(n)
+            await self.gate.release(held[0])
         self.counts[(name, code)] += 1
         if self.observe is not None:
             self.observe(name, code, asyncio.get_running_loop().time() - t0)
         return keep
+
+    async def _body(self, reader: asyncio.StreamReader, n: int, held: list[int]) -> bytes:
+        """``n`` body bytes within the frame's deadline, taking room under the in-flight
+        budget as they arrive (``held[0]``: bytes taken, for the caller to give back), so a
+        client that announces a large frame and trickles holds only what it has sent."""
+        if n == 0:
+            return b""
+        loop = asyncio.get_running_loop()
+        stop = loop.time() + self._deadline(n)
+        parts: list[bytes] = []
+        got = 0
+        while got < n:
+            piece = min(CHUNK, n - got)
+            await asyncio.wait_for(self.gate.acquire(piece), max(0.0, stop - loop.time()))
+            held[0] += piece
+            parts.append(await asyncio.wait_for(reader.readexactly(piece),
+                                                max(0.0, stop - loop.time())))
+            got += piece
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _ext(self, conn: Conn, h: Header, body: bytes,
                    writer: asyncio.StreamWriter) -> tuple[bool, int]:

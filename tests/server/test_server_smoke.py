@@ -115,3 +115,20 @@ def test_warm_restart_serves_what_the_nvme_tier_holds(tmp_path: Path) -> None:
         b.close()
     assert first[1][0] > 0 and second[0][0] >= len(history) - 16
     assert all(ok for _, ok in first + second)
+
+
+def test_a_client_survives_a_server_restart_without_a_spurious_miss(tmp_path: Path) -> None:
+    """Pooled connections die with the server; the next call retries once on a fresh one,
+    so the first lookup after a restart is a hit, not a miss."""
+    from server_support import ServerProcess
+
+    cfg = server_config(tmp_path, host_mb=0, disk_mb=256)
+    cfg["server"]["port"] = __import__("tier_servers").free_port()  # the same port twice
+    with ServerProcess(cfg, tmp_path) as srv:
+        client = assemble.engine_cache(client_config(srv.url, chunk_size=256), GEO)
+        _, history = turns(client, 1)  # type: ignore[arg-type]
+        srv.terminate()
+    with ServerProcess(cfg, tmp_path):
+        plan = client.lookup(np.r_[history, [1, 2, 3]])
+        assert plan.hit and plan.num_tokens >= len(history) - 16
+        client.close()

@@ -1,9 +1,10 @@
 """LMCache's plain objects (``lm://`` PUT/GET/EXIST/LIST) in the server's tiers.
 
 An LMCache client addresses an object by its ``CacheEngineKey`` string and expects its
-format, dtype and shape echoed on GET. Each becomes one KV object of the tiered store
-(same budgets, LRU demotion across tiers, drops), keyed by a hash of the string under a
-per-model fingerprint (``lmc-`` + a hash of the key's model field), its payload prefixed by
+format, dtype and shape echoed on GET. Each becomes one object of the tiered store (same
+budgets, LRU demotion across tiers, drops): a KV object, or for our own remote tier's keys
+the kind their model field names (``hybrid-connector-state``: the state pool), keyed by a
+hash of the string under a per-model fingerprint (``lmc-`` + a hash of the key's model field), its payload prefixed by
 a small header carrying the string and the metadata, so a GET returns exactly what was put
 (the header's key is compared too: a hash collision is a miss) and a restart over the NVMe
 tier serves what it holds. ``LIST`` returns the names put since the server started (the
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers import lm_protocol
 from tiers.manager import TierManager
 
 _HEAD = struct.Struct("<4s6iH")
@@ -32,9 +34,16 @@ def plain_fingerprint(key: str) -> str:
     return "lmc-" + blake3.blake3(model.encode()).hexdigest(length=6)
 
 
+def plain_kind(key: str) -> ObjectKind:
+    """The pool of a plain object: the kind our own remote tier writes into the key's model
+    field (``tiers.lm_protocol.kind_model``), KV for LMCache's keys."""
+    kind = lm_protocol.kind_of_model(key.split("@", 1)[0])
+    return ObjectKind(kind) if kind is not None else ObjectKind.KV
+
+
 def object_key(key: str) -> ObjectKey:
     return ObjectKey(plain_fingerprint(key), blake3.blake3(key.encode()).digest(length=16),
-                     ObjectKind.KV, 0, 1)
+                     plain_kind(key), 0, 0 if plain_kind(key) is ObjectKind.STATE else 1)
 
 
 def pack(key: str, meta: Meta, body: bytes | memoryview) -> torch.Tensor:

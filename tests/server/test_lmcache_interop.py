@@ -108,3 +108,23 @@ def test_our_remote_tier_round_trips_every_kind(which: str, request: pytest.Fixt
     for k, v in items:
         assert same_bits(m.get([k])[0], v)
     m.close()
+
+
+def test_our_remote_tier_objects_land_in_the_server_pools_of_their_kind(tmp_path: Path) -> None:
+    """The object kind rides in the key's model field (a plain LMCache server ignores it:
+    the lmcache_server case above reads them back): our server stores each kind in its own
+    per-kind pool, so a flood of KV never evicts states kept for the same prefixes."""
+    cfg = server_config(tmp_path, host_mb=0, pools={"host": {"kv": 64 << 10, "state": 1 << 20}},
+                        local_cpu=True, max_local_cpu_size="2MiB")
+    with served(cfg) as server:
+        tier = RemoteTier(f"lm://127.0.0.1:{server.port}", {k: 1 << 24 for k in K})
+        states = [(make_key(900 + i, K.STATE, fp="pools"), make_payload(i, (1024,))) for i in range(4)]
+        kv = [(make_key(i, K.KV, fp="pools"), make_payload(i, (4096,))) for i in range(40)]
+        assert all(tier.put(states)) and all(tier.put(kv))  # KV overflows its 64 KiB pool
+        held = server.service.stats()["plain"]["held"]
+        by_kind = {kind: n for model in held.values() for t in model.values()
+                   for kind, (n, _) in t.items()}
+        assert by_kind["state"] == 4 and 0 < by_kind["kv"] < 40
+        got = tier.get([k for k, _ in states])
+        assert all(same_bits(g, v) for g, (_, v) in zip(got, states, strict=True))
+        tier.close()

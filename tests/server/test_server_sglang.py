@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("sglang")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sglang"))
 
-from server_support import server_config, served  # noqa: E402
+from server_support import served, server_config  # noqa: E402
 from sglang.srt.mem_cache.hicache_storage import count_pool_hits  # noqa: E402
 from sglang_helpers import (  # noqa: E402
     PAGE,

@@ -72,6 +72,8 @@ class Handler:
         self.counts: Counter[tuple[str, int]] = Counter()
         self.observe = observe
         self.active: set[asyncio.Task[Any]] = set()
+        self.busy: set[asyncio.Task[Any]] = set()  # those inside a frame (header read)
+        self.stopping = False  # set by ``Server.stop``: finish the current frame, then close
 
     def _deadline(self, nbytes: int) -> float:
         return self.s.frame_timeout_s + nbytes / self.s.min_rate
@@ -97,6 +99,7 @@ class Handler:
         finally:
             if task is not None:
                 self.active.discard(task)
+                self.busy.discard(task)
             writer.close()
             await self.offload(self.service.disconnected, conn)
 
@@ -116,6 +119,9 @@ class Handler:
             await self._send(writer, [reply(code)])
             return False  # the body's extent cannot be trusted: close
         n = h.length
+        task = asyncio.current_task()
+        if task is not None:
+            self.busy.add(task)
         await self.gate.acquire(n)
         try:
             body = await asyncio.wait_for(reader.readexactly(n), self._deadline(n)) if n else b""
@@ -125,10 +131,12 @@ class Handler:
                           else await self._plain(conn, h, body, writer))
         finally:
             await self.gate.release(n)
+            if task is not None:
+                self.busy.discard(task)
         self.counts[(name, code)] += 1
         if self.observe is not None:
             self.observe(name, code, asyncio.get_running_loop().time() - t0)
-        return keep
+        return keep and not self.stopping
 
     async def _ext(self, conn: Conn, h: Header, body: bytes,
                    writer: asyncio.StreamWriter) -> tuple[bool, int]:

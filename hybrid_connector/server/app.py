@@ -72,11 +72,7 @@ class Server:
         self._stopped.set()
         if self._tcp is not None:
             self._tcp.close()
-        # Connections waiting for a header hold nothing: close them now (an engine keeps
-        # idle pooled connections open); the others finish their frame within ``grace``.
-        self.handler.stopping = True
-        for t in self.handler.active - self.handler.busy:
-            t.cancel()
+        self.handler.close_idle()  # the others finish their frame within ``grace``
         tasks = list(self.handler.active)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace)

@@ -71,9 +71,18 @@ class Handler:
         self.gate = ByteGate(settings.max_inflight_bytes)
         self.counts: Counter[tuple[str, int]] = Counter()
         self.observe = observe
-        self.active: set[asyncio.Task[Any]] = set()
+        self.active: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self.busy: set[asyncio.Task[Any]] = set()  # those inside a frame (header read)
-        self.stopping = False  # set by ``Server.stop``: finish the current frame, then close
+        self.stopping = False  # set by ``close_idle``: finish the current frame, then close
+
+    def close_idle(self) -> None:
+        """Stopping: close the connections waiting for a header now (they hold nothing;
+        an engine keeps idle pooled connections open); the others close after their frame.
+        Closing (not cancelling) lets each handler end through its EOF path."""
+        self.stopping = True
+        for task, writer in list(self.active.items()):
+            if task not in self.busy:
+                writer.close()
 
     def _deadline(self, nbytes: int) -> float:
         return self.s.frame_timeout_s + nbytes / self.s.min_rate
@@ -85,7 +94,7 @@ class Handler:
     async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self.active.add(task)
+            self.active[task] = writer
         conn = Conn(authed=self.s.token is None)
         try:
             while await self._frame(conn, reader, writer):
@@ -98,7 +107,7 @@ class Handler:
             log.exception("connection handler failed")
         finally:
             if task is not None:
-                self.active.discard(task)
+                self.active.pop(task, None)
                 self.busy.discard(task)
             writer.close()
             await self.offload(self.service.disconnected, conn)

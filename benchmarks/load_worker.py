@@ -166,7 +166,9 @@ class Plain:
         # PUT has no reply: an EXIST drains the server's queue for this connection, so
         # the phase's time includes the work its last puts caused
         try:
-            self.exist(0, 0) if self.versions else None
+            if self.versions:
+                cls, slot = map(int, next(iter(self.versions)).split("."))
+                self.exist(cls, slot)
         except OSError as exc:
             self.out["errors"] += 1
             self.out["error_samples"].append(f"drain: {exc}")

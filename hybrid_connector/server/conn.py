@@ -40,6 +40,21 @@ log = logging.getLogger(__name__)
 _MISS_META = (1, 2, 0, 0, 0, 0)  # what lmcache_server sends: KV_2LTD, float16, no shape
 
 
+async def read_body(reader: asyncio.StreamReader, n: int) -> bytearray:
+    """``n`` bytes into one buffer, taken from the reader as they arrive (its buffer stays
+    small and cache-resident; ``readexactly`` grows it to ``n`` and copies it out again).
+    ``IncompleteReadError`` at EOF before ``n``."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        chunk = await reader.read(n - got)
+        if not chunk:
+            raise asyncio.IncompleteReadError(bytes(view[:got]), n)
+        view[got : got + len(chunk)] = chunk
+        got += len(chunk)
+    return buf
+
+
 class ByteGate:
     """At most ``limit`` bytes of frames in flight at once (a larger frame waits until it
     is alone)."""
@@ -133,7 +148,7 @@ class Handler:
             self.busy.add(task)
         await self.gate.acquire(n)
         try:
-            body = await asyncio.wait_for(reader.readexactly(n), self._deadline(n)) if n else b""
+            body = await asyncio.wait_for(read_body(reader, n), self._deadline(n)) if n else b""
             t0 = asyncio.get_running_loop().time()
             name = Ext(h.command).name if h.is_ext else Command(h.command).name
             keep, code = (await self._ext(conn, h, body, writer) if h.is_ext
@@ -147,7 +162,7 @@ class Handler:
             self.observe(name, code, asyncio.get_running_loop().time() - t0)
         return keep and not self.stopping
 
-    async def _ext(self, conn: Conn, h: Header, body: bytes,
+    async def _ext(self, conn: Conn, h: Header, body: bytes | bytearray,
                    writer: asyncio.StreamWriter) -> tuple[bool, int]:
         command = Ext(h.command)
         try:
@@ -178,7 +193,7 @@ class Handler:
         head = reply(r.code, body_length(r.message, size))
         await self._send(writer, [head, pack_body(r.message, size), *r.payloads])
 
-    async def _plain(self, conn: Conn, h: Header, body: bytes,
+    async def _plain(self, conn: Conn, h: Header, body: bytes | bytearray,
                      writer: asyncio.StreamWriter) -> tuple[bool, int]:
         if not self.s.plain_lmcache or not conn.authed:
             if h.command != Command.PUT:

@@ -166,7 +166,7 @@ class Handler:
                    writer: asyncio.StreamWriter) -> tuple[bool, int]:
         command = Ext(h.command)
         try:
-            message, payloads = split_body(body)
+            message, payloads = split_body(memoryview(body))
         except FrameError as exc:
             r = error(Code.BAD_REQUEST, str(exc))
         else:

@@ -76,25 +76,40 @@ def test_disconnect_mid_frame_stores_nothing(tmp_path: Path) -> None:
         assert server.service.plain.puts == 1  # the healthy client's only
 
 
-def fill(kind: ObjectKind, start: int, end: int, nbytes: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(hash((kind.value, start, end)) & 0xFFFF_FFFF)
+def fill(kind: ObjectKind, start: int, end: int, nbytes: int, tag: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(hash((tag, kind.value, start, end)) & 0xFFFF_FFFF)
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
 
 
-def save_conversation(cache: ServerCache, prompt: np.ndarray) -> None:
+def save_conversation(cache: ServerCache, prompt: np.ndarray, tag: int = 0) -> None:
+    """One request's saves (KV chunks, checkpoints, the final one); payloads ``fill``."""
     s = RequestSession(cache, prompt)
     s.load()
     s.release()
 
     def kv(a: int, b: int) -> torch.Tensor:
-        return fill(ObjectKind.KV, a, b, cache.expected_nbytes(ObjectKind.KV, a, b))
+        return fill(ObjectKind.KV, a, b, cache.expected_nbytes(ObjectKind.KV, a, b), tag)
 
     def st(p: int) -> torch.Tensor:
-        return fill(ObjectKind.STATE, p, p, cache.expected_nbytes(ObjectKind.STATE, p, p))
+        return fill(ObjectKind.STATE, p, p, cache.expected_nbytes(ObjectKind.STATE, p, p), tag)
 
     s.save_prefill(kv, {q: st(q) for q in s.checkpoints})
     q = cache.final_checkpoint(len(s.tokens))
     s.finish(kv, {q: st(q)} if q else {})
+
+
+def loads_intact(cache: ServerCache, prompt: np.ndarray, tag: int = 0) -> tuple[int, bool]:
+    """(hit, every loaded byte is the one saved) of a lookup and load of ``prompt``."""
+    plan = cache.lookup(prompt)
+    r = cache.load(plan)
+    ok = not r.failed and all(torch.equal(t, fill(ObjectKind.KV, o.ref.key.start, o.ref.key.end,
+                                                  t.numel(), tag))
+                              for o, t in zip(plan.kv, r.kv, strict=True))
+    if plan.state is not None:
+        p = plan.state.ref.key.end
+        ok &= r.state is not None and torch.equal(r.state, fill(ObjectKind.STATE, p, p,
+                                                                r.state.numel(), tag))
+    return plan.num_tokens, ok
 
 
 def wait_for(cond: Any, within: float = 10.0) -> bool:
@@ -323,18 +338,43 @@ def saver(url: str, acked: list[int], tried: list[int], stop: threading.Event) -
         return
 
 
+def conversation(tag: int, extra: int = 0) -> np.ndarray:
+    return np.random.default_rng(tag).integers(0, 1000, 600 + extra)
+
+
+def hybrid_saver(url: str, acked: list[tuple[int, int]], stop: threading.Event) -> None:
+    """Conversations saved through ``ServerCache``; acknowledged: the save returned and a
+    lookup of the next turn hits (how many tokens)."""
+    cache = ServerCache(client_config(url, chunk_size=256), GEO)
+    try:
+        for tag in range(1, 1000):
+            if stop.is_set():
+                return
+            save_conversation(cache, conversation(tag), tag)
+            hit = cache.lookup(conversation(tag, 64)).num_tokens
+            if hit:
+                acked.append((tag, hit))
+    finally:
+        cache.close()
+
+
 def test_sigkill_while_saving_keeps_every_acknowledged_save(tmp_path: Path) -> None:
     proc = ServerProcess(disk_only(tmp_path), tmp_path).start()
     acked: list[int] = []
     tried: list[int] = []
+    hybrid: list[tuple[int, int]] = []
     stop = threading.Event()
     try:
-        t = threading.Thread(target=saver, args=(proc.url, acked, tried, stop))
-        t.start()
-        assert wait_for(lambda: len(acked) >= 30, 30)
+        threads = [threading.Thread(target=saver, args=(proc.url, acked, tried, stop)),
+                   threading.Thread(target=hybrid_saver, args=(proc.url, hybrid, stop))]
+        for t in threads:
+            t.start()
+        assert wait_for(lambda: len(acked) >= 30 and len(hybrid) >= 2, 40)
         proc.kill()  # SIGKILL mid-stream
-        t.join(10)
-        assert not t.is_alive()
+        stop.set()
+        for t in threads:
+            t.join(30)
+            assert not t.is_alive()
         proc.start()
         with Raw(proc.url) as r:
             for i in acked:
@@ -345,6 +385,10 @@ def test_sigkill_while_saving_keeps_every_acknowledged_save(tmp_path: Path) -> N
                 assert got is None or got == payload(i, (16 << 10) * (1 + i % 8))
             for i in range(tried[-1] + 1, tried[-1] + 5):
                 assert r.get(lm_key(i)) is None
+        cache = ServerCache(client_config(proc.url, chunk_size=256), GEO)
+        for tag, hit in hybrid:  # warm restart: the model's index adopts the NVMe objects
+            assert loads_intact(cache, conversation(tag, 64), tag) == (hit, True), tag
+        cache.close()
         healthy(proc.url)
     finally:
         stop.set()

@@ -5,6 +5,7 @@ directory. Limits are small so every deadline is short; no assertion is a benchm
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -314,6 +315,49 @@ def trickle_body(url: str, head: bytes, body: bytes) -> dict[str, float]:
         else:
             return {"cut": float("inf")}
     return {"cut": time.monotonic() - t0}
+
+
+def test_a_trickler_holding_the_inflight_budget_delays_others_only_to_its_deadline(
+        tmp_path: Path) -> None:
+    """A frame reserves its declared length under ``max_inflight_bytes`` before its body
+    is read, so a trickler declaring the whole budget makes other bodies wait, but only
+    until its frame deadline cuts it; bodiless frames (HEALTH, GET, EXIST) never wait."""
+    with served(limited(tmp_path, max_inflight_bytes=1 << 20)) as server:
+        n = 1 << 20
+        out: dict[str, float] = {}
+        head = request(int(Command.PUT), n, lm_key(8), (4, 6, n, 0, 0, 0))
+        t = threading.Thread(target=lambda: out.update(trickle_body(server.url, head,
+                                                                    b"\x01" * n)))
+        t.start()
+        time.sleep(0.3)  # its header is in: the budget is taken
+        with Raw(server.url) as r:
+            t0 = time.monotonic()
+            assert r.health() == Code.OK and not r.exist(lm_key(9))
+            assert time.monotonic() - t0 < 0.5
+            r.put(lm_key(9), payload(9))
+            assert r.exist(lm_key(9))
+            waited = time.monotonic() - t0
+        t.join(10)
+        assert out["cut"] <= 3.0 and waited <= out["cut"] + 1.0, (out, waited)
+        healthy(server.url)
+
+
+def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path) -> None:
+    with served(limited(tmp_path)) as server:
+        big = payload(5, 30 << 20)  # more than the socket buffers hold
+        with Raw(server.url) as r:
+            r.put(lm_key(5), big)
+            assert r.exist(lm_key(5))
+        stalled = Raw(server.url)
+        stalled.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        stalled.send(request(int(Command.GET), 0, lm_key(5)))  # and never read the reply
+        assert wait_for(lambda: len(server.handler.active) == 1, 5)
+        healthy(server.url)  # meanwhile others are served
+        # the reply must drain within frame_timeout_s: the server drops the connection
+        assert wait_for(lambda: len(server.handler.active) == 0, 8)
+        stalled.close()
+        with Raw(server.url) as r:
+            assert r.get(lm_key(5)) == big
 
 
 # ---------------------------------------------------------------- kill and restart

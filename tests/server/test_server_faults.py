@@ -1,7 +1,7 @@
 """Hostile and failing clients against our server, by behaviour: a client that dies
-mid-frame or holding a lease, malformed frames, wrong tokens, a trickler, and a server
-killed (SIGKILL) or stopped (SIGTERM) while clients save, then restarted over its NVMe
-directory. Limits are small so every deadline is short; no assertion is a benchmark."""
+mid-frame or holding a lease, malformed frames, wrong tokens, tricklers and a client that
+stops reading (a server killed or stopped under load: test_server_crash.py). Limits are
+small so every deadline is short; no assertion is a benchmark."""
 
 from __future__ import annotations
 
@@ -11,27 +11,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-import blake3
 import msgspec
 import numpy as np
 import pytest
-import torch
+from fault_support import GEO, healthy, payload, save_conversation, wait_for
 from raw_client import Raw, lm_key
-from server_support import ServerProcess, client_config, served, server_config
+from server_support import client_config, served, server_config
 
 from hybrid_connector import assemble
 from hybrid_connector.client import admin
 from hybrid_connector.client.connection import ServerRefused
 from hybrid_connector.client.server_cache import ServerCache
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model_presets import get_preset
-from hybrid_connector.session import RequestSession
 from hybrid_connector.wire import convert as cv
 from hybrid_connector.wire import messages as m
 from hybrid_connector.wire.frames import CLIENT, HEADER_BYTES, Code, Ext, request
 from tiers.lm_protocol import Command
 
-GEO = get_preset("qwen3.5-0.8b")
 TOKEN = "s3cret-token-0123"
 LIMITS = {"frame_timeout_s": 1.0, "min_rate": 1 << 30, "idle_timeout_s": 2.0,
           "max_object_bytes": 32 << 20, "max_frame_bytes": 64 << 20}
@@ -39,25 +34,6 @@ LIMITS = {"frame_timeout_s": 1.0, "min_rate": 1 << 30, "idle_timeout_s": 2.0,
 
 def limited(tmp: Path, **server: Any) -> dict[str, Any]:
     return server_config(tmp, host_mb=256, server={**LIMITS, **server})
-
-
-def payload(i: int, n: int = 64 << 10) -> bytes:
-    """``n`` bytes whose first 16 are the blake3 of the rest (and a function of ``i``)."""
-    rest = np.random.default_rng(i).integers(0, 256, n - 16, dtype=np.uint8).tobytes()
-    return blake3.blake3(rest).digest(length=16) + rest
-
-
-def intact(data: bytes) -> bool:
-    return blake3.blake3(data[16:]).digest(length=16) == data[:16]
-
-
-def healthy(url: str) -> None:
-    """Another client is served normally: a put, an exist, a bit-exact get."""
-    with Raw(url) as r:
-        assert r.health() == Code.OK
-        r.put(lm_key(999_999), payload(7))
-        assert r.exist(lm_key(999_999))
-        assert r.get(lm_key(999_999)) == payload(7)
 
 
 # ---------------------------------------------------------------- dying clients
@@ -75,51 +51,6 @@ def test_disconnect_mid_frame_stores_nothing(tmp_path: Path) -> None:
         with Raw(server.url) as r:
             assert not r.exist(lm_key(1)) and r.get(lm_key(1)) is None
         assert server.service.plain.puts == 1  # the healthy client's only
-
-
-def fill(kind: ObjectKind, start: int, end: int, nbytes: int, tag: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(hash((tag, kind.value, start, end)) & 0xFFFF_FFFF)
-    return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=g)
-
-
-def save_conversation(cache: ServerCache, prompt: np.ndarray, tag: int = 0) -> None:
-    """One request's saves (KV chunks, checkpoints, the final one); payloads ``fill``."""
-    s = RequestSession(cache, prompt)
-    s.load()
-    s.release()
-
-    def kv(a: int, b: int) -> torch.Tensor:
-        return fill(ObjectKind.KV, a, b, cache.expected_nbytes(ObjectKind.KV, a, b), tag)
-
-    def st(p: int) -> torch.Tensor:
-        return fill(ObjectKind.STATE, p, p, cache.expected_nbytes(ObjectKind.STATE, p, p), tag)
-
-    s.save_prefill(kv, {q: st(q) for q in s.checkpoints})
-    q = cache.final_checkpoint(len(s.tokens))
-    s.finish(kv, {q: st(q)} if q else {})
-
-
-def loads_intact(cache: ServerCache, prompt: np.ndarray, tag: int = 0) -> tuple[int, bool]:
-    """(hit, every loaded byte is the one saved) of a lookup and load of ``prompt``."""
-    plan = cache.lookup(prompt)
-    r = cache.load(plan)
-    ok = not r.failed and all(torch.equal(t, fill(ObjectKind.KV, o.ref.key.start, o.ref.key.end,
-                                                  t.numel(), tag))
-                              for o, t in zip(plan.kv, r.kv, strict=True))
-    if plan.state is not None:
-        p = plan.state.ref.key.end
-        ok &= r.state is not None and torch.equal(r.state, fill(ObjectKind.STATE, p, p,
-                                                                r.state.numel(), tag))
-    return plan.num_tokens, ok
-
-
-def wait_for(cond: Any, within: float = 10.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return bool(cond())
 
 
 def test_lease_of_a_dead_client_is_released_and_not_usable_by_others(tmp_path: Path) -> None:
@@ -358,106 +289,3 @@ def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path) -> None:
         stalled.close()
         with Raw(server.url) as r:
             assert r.get(lm_key(5)) == big
-
-
-# ---------------------------------------------------------------- kill and restart
-def disk_only(tmp: Path) -> dict[str, Any]:
-    return server_config(tmp, host_mb=0, disk_mb=256, disk_fsync=True,
-                         server={"http_port": None})
-
-
-def saver(url: str, acked: list[int], tried: list[int], stop: threading.Event) -> None:
-    """PUT then EXIST (the ack: a connection's frames are served in order) until the
-    connection fails."""
-    try:
-        with Raw(url, timeout=5) as r:
-            for i in range(10_000):
-                if stop.is_set():
-                    return
-                tried.append(i)
-                r.put(lm_key(i), payload(i, (16 << 10) * (1 + i % 8)))
-                if r.exist(lm_key(i)):
-                    acked.append(i)
-    except OSError:
-        return
-
-
-def conversation(tag: int, extra: int = 0) -> np.ndarray:
-    return np.random.default_rng(tag).integers(0, 1000, 600 + extra)
-
-
-def hybrid_saver(url: str, acked: list[tuple[int, int]], stop: threading.Event) -> None:
-    """Conversations saved through ``ServerCache``; acknowledged: the save returned and a
-    lookup of the next turn hits (how many tokens)."""
-    cache = ServerCache(client_config(url, chunk_size=256), GEO)
-    try:
-        for tag in range(1, 1000):
-            if stop.is_set():
-                return
-            save_conversation(cache, conversation(tag), tag)
-            hit = cache.lookup(conversation(tag, 64)).num_tokens
-            if hit:
-                acked.append((tag, hit))
-    finally:
-        cache.close()
-
-
-def test_sigkill_while_saving_keeps_every_acknowledged_save(tmp_path: Path) -> None:
-    proc = ServerProcess(disk_only(tmp_path), tmp_path).start()
-    acked: list[int] = []
-    tried: list[int] = []
-    hybrid: list[tuple[int, int]] = []
-    stop = threading.Event()
-    try:
-        threads = [threading.Thread(target=saver, args=(proc.url, acked, tried, stop)),
-                   threading.Thread(target=hybrid_saver, args=(proc.url, hybrid, stop))]
-        for t in threads:
-            t.start()
-        assert wait_for(lambda: len(acked) >= 30 and len(hybrid) >= 2, 40)
-        proc.kill()  # SIGKILL mid-stream
-        stop.set()
-        for t in threads:
-            t.join(30)
-            assert not t.is_alive()
-        proc.start()
-        with Raw(proc.url) as r:
-            for i in acked:
-                got = r.get(lm_key(i))
-                assert got == payload(i, (16 << 10) * (1 + i % 8)), i
-            for i in tried[len(acked):]:  # in flight at the kill: absent or whole
-                got = r.get(lm_key(i))
-                assert got is None or got == payload(i, (16 << 10) * (1 + i % 8))
-            for i in range(tried[-1] + 1, tried[-1] + 5):
-                assert r.get(lm_key(i)) is None
-        cache = ServerCache(client_config(proc.url, chunk_size=256), GEO)
-        for tag, hit in hybrid:  # warm restart: the model's index adopts the NVMe objects
-            assert loads_intact(cache, conversation(tag, 64), tag) == (hit, True), tag
-        cache.close()
-        healthy(proc.url)
-    finally:
-        stop.set()
-        proc.kill()
-
-
-def test_sigterm_exits_promptly_and_restart_serves_everything(tmp_path: Path) -> None:
-    proc = ServerProcess(disk_only(tmp_path), tmp_path).start()
-    try:
-        with Raw(proc.url) as r:
-            for i in range(40):
-                r.put(lm_key(i), payload(i))
-            assert all(r.exist(lm_key(i)) for i in range(40))
-        cfg = client_config(proc.url, chunk_size=256)
-        cache = ServerCache(cfg, GEO)  # an engine keeps idle connections open
-        idle = Raw(proc.url)
-        t0 = time.monotonic()
-        assert proc.terminate(timeout=30) == 0
-        took = time.monotonic() - t0
-        idle.close()
-        cache.close()
-        assert took < 8.0, took
-        proc.start()
-        with Raw(proc.url) as r:
-            assert all(r.get(lm_key(i)) == payload(i) for i in range(40))
-            assert all(intact(r.get(lm_key(i)) or b"") for i in range(40))
-    finally:
-        proc.kill()

@@ -109,6 +109,12 @@ def ours_config(workdir: Path, host_kv_mb: int, state_mb: int = 512,
     return {**cfg, **extra}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class OurServer:
     """``hybrid-connector server`` in a subprocess; ``url`` once listening."""
 
@@ -356,8 +362,12 @@ def mixed(clients: Clients, ours: Any, seconds: float, lookup_clients: int,
     cmds: list[dict[str, Any] | None] = [
         plain_cmd(i, ours.host, ours.port, seconds, seed + i, sizes, slots) if i < plain_n
         else lookup(i, seconds) for i in range(n)]
+    proc = getattr(ours, "proc", None)
+    c0 = cpu_seconds(proc.pid if proc is not None else os.getpid())
     results, wall = run_phase(clients, cmds, seconds, bar)
     out = summarize(results, wall)
+    out["server_cpu_s"] = round(cpu_seconds(proc.pid if proc is not None else os.getpid())
+                                - c0, 2)  # in-process (tests): this whole process
     out["lookup_clients"] = lookup_clients
     out["budgets"] = budgets.stop()
     return out
@@ -369,6 +379,7 @@ def compare(clients: Clients, ours: Any, lmc: Any, rounds: int, round_s: float,
     """Phase 2: plain load, rounds alternating ours/lmcache (ABBA), same seeds per pair."""
     sides: dict[str, list[dict[str, Any]]] = {"ours": [], "lmcache": []}
     walls = {"ours": 0.0, "lmcache": 0.0}
+    cpu = {"ours": 0.0, "lmcache": 0.0}
     order = []
     for r in range(rounds):
         pair = ["ours", "lmcache"] if r % 2 == 0 else ["lmcache", "ours"]
@@ -377,7 +388,9 @@ def compare(clients: Clients, ours: Any, lmc: Any, rounds: int, round_s: float,
             cmds: list[dict[str, Any] | None] = [
                 plain_cmd(i, srv.host, srv.port, round_s, 100 + 31 * r + i, sizes, slots)
                 for i in range(len(clients.procs))]
+            c0 = cpu_seconds(srv.proc.pid)
             results, wall = run_phase(clients, cmds, round_s, bar)
+            cpu[side] += cpu_seconds(srv.proc.pid) - c0
             for res in results:  # per-round seconds add up across rounds
                 res["round"] = r
             sides[side].append({"results": results, "wall": wall})
@@ -386,6 +399,9 @@ def compare(clients: Clients, ours: Any, lmc: Any, rounds: int, round_s: float,
     out: dict[str, Any] = {"rounds": rounds, "round_s": round_s, "order": order}
     for side, runs in sides.items():
         merged = merge_rounds(runs)
+        moved = sum(v["MB"] for k, v in merged["per_op"].items() if ":" not in k)
+        merged["server_cpu_s"] = round(cpu[side], 2)
+        merged["server_cpu_ms_per_MB"] = round(1e3 * cpu[side] / max(moved, 1e-9), 3)
         out[side] = merged
     o, lm = out["ours"], out["lmcache"]
     out["ratio"] = {
@@ -393,6 +409,8 @@ def compare(clients: Clients, ours: Any, lmc: Any, rounds: int, round_s: float,
         "MB_per_s": round(o["MB_per_s"] / max(lm["MB_per_s"], 1e-9), 3),
         "per_op_ops_per_s": {k: round(v["ops_per_s"] / max(lm["per_op"][k]["ops_per_s"], 1e-9), 3)
                              for k, v in o["per_op"].items() if k in lm["per_op"]},
+        "server_cpu_per_MB": round(o["server_cpu_ms_per_MB"]
+                                   / max(lm["server_cpu_ms_per_MB"], 1e-9), 3),
         "per_op_p50": {k: round(v["p50_ms"] / max(lm["per_op"][k]["p50_ms"], 1e-9), 3)
                        for k, v in o["per_op"].items() if k in lm["per_op"]},
     }
@@ -422,9 +440,11 @@ def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table(title: str, s: dict[str, Any]) -> str:
+    cpu = (f", server CPU {s['server_cpu_s']} s ({s['server_cpu_ms_per_MB']} ms/MB)"
+           if "server_cpu_ms_per_MB" in s else "")
     lines = [f"{title}: {s['clients']} clients, {s['seconds']} s: {s['ops_per_s']} ops/s, "
              f"{s['MB_per_s']} MB/s, errors {s['errors']}, corrupt {s['corrupt']}, "
-             f"misses {s['misses']}",
+             f"misses {s['misses']}{cpu}",
              f"  {'op':<14}{'ops':>8}{'ops/s':>9}{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}"]
     for k, v in s["per_op"].items():
         lines.append(f"  {k:<14}{v['ops']:>8}{v['ops_per_s']:>9}{v['MB_per_s']:>9}"

@@ -37,7 +37,8 @@ from hybrid_connector.wire.frames import (
 from tiers.lm_protocol import Command
 
 log = logging.getLogger(__name__)
-_MISS_META = (1, 2, 0, 0, 0, 0)  # what lmcache_server sends: KV_2LTD, float16, no shape
+_MISS_META = (1, 2, 0, 0, 0, 0)
+_CHUNK = 1 << 16  # the StreamReader's default limit: its buffer stays in cache  # what lmcache_server sends: KV_2LTD, float16, no shape
 
 
 async def read_body(reader: asyncio.StreamReader, n: int) -> bytearray:
@@ -47,9 +48,10 @@ async def read_body(reader: asyncio.StreamReader, n: int) -> bytearray:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
-        chunk = await reader.read(n - got)
-        if not chunk:
-            raise asyncio.IncompleteReadError(bytes(view[:got]), n)
+        try:  # one copy out of the reader (``read`` slices and copies twice)
+            chunk = await reader.readexactly(min(n - got, _CHUNK))
+        except asyncio.IncompleteReadError as exc:
+            raise asyncio.IncompleteReadError(bytes(view[:got]) + exc.partial, n) from None
         view[got : got + len(chunk)] = chunk
         got += len(chunk)
     return buf

@@ -77,10 +77,12 @@ FAIRNESS = [
 ]
 
 WHY_BELOW = [  # what profiling this benchmark showed (sampled stacks of an in-process run)
-    "copies: a PUT byte is copied ~7 times in user space by ours (uvloop's read buffer -> "
-    "bytes -> asyncio StreamReader buffer -> read() slice -> the frame buffer -> the packed "
-    "object with its LMCache header -> the host tier's slab), twice by lmcache_server (recv "
-    "-> bytearray, kept as is); a GET once more by ours (slab -> tensor) before the socket.",
+    "CPU per byte: ours spends more server CPU per MB moved (compare.ratio.server_cpu_per_MB;"
+    " on 2 shared cores that is what bounds throughput). A PUT byte is copied ~6 times in "
+    "user space by ours (uvloop's read buffer -> bytes -> asyncio StreamReader buffer -> a "
+    "64 KiB chunk -> the frame buffer -> the packed object with its LMCache header -> the "
+    "host tier's slab), twice by lmcache_server (recv -> bytearray, kept as is); a GET once "
+    "more by ours (slab -> tensor) before the socket.",
     "one event-loop thread reads and writes every connection's bytes (uvloop C plus asyncio "
     "StreamReader per 256 KiB chunk); lmcache_server has a thread per connection in blocking "
     "recv/sendall with the GIL released. With 2 cores shared by 16 client processes (and "

@@ -5,6 +5,7 @@ small so every deadline is short; no assertion is a benchmark."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -289,3 +290,20 @@ def test_a_client_that_stops_reading_is_cut_off(tmp_path: Path) -> None:
         stalled.close()
         with Raw(server.url) as r:
             assert r.get(lm_key(5)) == big
+
+
+def test_stop_closes_idle_connections_at_once_and_quietly(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An engine keeps idle pooled connections: a stop must not wait its grace period
+    for them, nor log a traceback per connection."""
+    with served(limited(tmp_path, idle_timeout_s=60.0)) as server:
+        idle = [Raw(server.url) for _ in range(3)]
+        assert wait_for(lambda: len(server.handler.active) == 3, 5)
+        t0 = time.monotonic()
+        caplog.clear()
+    took = time.monotonic() - t0
+    assert all(r.closed_by_peer(1.0) for r in idle)
+    for r in idle:
+        r.close()
+    assert took < 2.0, took  # served() gives stop a grace of 5 s
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

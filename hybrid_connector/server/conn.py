@@ -37,8 +37,8 @@ from hybrid_connector.wire.frames import (
 from tiers.lm_protocol import Command
 
 log = logging.getLogger(__name__)
-_MISS_META = (1, 2, 0, 0, 0, 0)
-_CHUNK = 1 << 16  # the StreamReader's default limit: its buffer stays in cache  # what lmcache_server sends: KV_2LTD, float16, no shape
+_MISS_META = (1, 2, 0, 0, 0, 0)  # what lmcache_server sends: KV_2LTD, float16, no shape
+_CHUNK = 1 << 16  # the StreamReader's default limit: its buffer stays in cache
 
 
 async def read_body(reader: asyncio.StreamReader, n: int) -> bytearray:

@@ -16,9 +16,10 @@ What differs, and why:
   untouched until its future is done, as with the embedded cache); ``finish`` and
   ``flush`` wait for it first, so the server sees a request's saves in order.
 
-Raises ``ServerUnavailable`` only at construction (the first ``HELLO``: a wrong URL should
-fail loudly), ``ValueError`` where the embedded cache does (bad alignment, malformed items:
-the server's ``BAD_REQUEST``).
+Raises only at construction (the first ``HELLO``: a wrong URL should fail loudly):
+``ServerUnavailable`` when the server cannot be reached, ``ServerRefused`` for a wrong
+token, ``ValueError`` when it refuses the model; afterwards ``ValueError`` where the
+embedded cache raises it (bad alignment, malformed items: the server's ``BAD_REQUEST``).
 """
 
 from __future__ import annotations

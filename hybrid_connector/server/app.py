@@ -3,8 +3,9 @@
 
 Lifecycle: ``start`` builds nothing new (the store and the service exist from
 ``__init__``: a warm restart adopts what the NVMe tier holds there), binds the sockets and
-returns; ``stop`` closes the listener, lets the connections finish their current frame for
-up to ``grace`` seconds (then cancels them: their unfinished frames are dropped, nothing
+returns; ``stop`` closes the listener and every connection between frames at once (an
+engine's idle pooled connections hold nothing), lets the others finish their current frame
+for up to ``grace`` seconds (then cancels them: their unfinished frames are dropped, nothing
 half-written is indexed), waits for every queued tier op and closes the store, so the NVMe
 tier is consistent and a restart serves it. SIGTERM and SIGINT call ``stop`` under
 ``serve``.
@@ -72,6 +73,7 @@ class Server:
         self._stopped.set()
         if self._tcp is not None:
             self._tcp.close()
+        self.handler.close_idle()  # the others finish their frame within ``grace``
         tasks = list(self.handler.active)
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace)

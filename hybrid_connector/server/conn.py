@@ -37,8 +37,9 @@ from hybrid_connector.wire.frames import (
 from tiers.lm_protocol import Command
 
 log = logging.getLogger(__name__)
-CHUNK = 4 << 20  # body bytes read (and budgeted) at a time
+CHUNK = 1 << 20  # body bytes budgeted at a time under max_inflight_bytes
 _MISS_META = (1, 2, 0, 0, 0, 0)  # what lmcache_server sends: KV_2LTD, float16, no shape
+_READ = 1 << 16  # bytes taken from the reader at a time: its buffer stays cache-resident
 
 
 class ByteGate:
@@ -72,7 +73,18 @@ class Handler:
         self.gate = ByteGate(settings.max_inflight_bytes)
         self.counts: Counter[tuple[str, int]] = Counter()
         self.observe = observe
-        self.active: set[asyncio.Task[Any]] = set()
+        self.active: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self.busy: set[asyncio.Task[Any]] = set()  # those inside a frame (header read)
+        self.stopping = False  # set by ``close_idle``: finish the current frame, then close
+
+    def close_idle(self) -> None:
+        """Stopping: close the connections waiting for a header now (they hold nothing;
+        an engine keeps idle pooled connections open); the others close after their frame.
+        Closing (not cancelling) lets each handler end through its EOF path."""
+        self.stopping = True
+        for task, writer in list(self.active.items()):
+            if task not in self.busy:
+                writer.close()
 
     def _deadline(self, nbytes: int) -> float:
         return self.s.frame_timeout_s + nbytes / self.s.min_rate
@@ -84,7 +96,7 @@ class Handler:
     async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
-            self.active.add(task)
+            self.active[task] = writer
         conn = Conn(authed=self.s.token is None)
         try:
             while await self._frame(conn, reader, writer):
@@ -97,7 +109,8 @@ class Handler:
             log.exception("connection handler failed")
         finally:
             if task is not None:
-                self.active.discard(task)
+                self.active.pop(task, None)
+                self.busy.discard(task)
             writer.close()
             await self.offload(self.service.disconnected, conn)
 
@@ -120,6 +133,9 @@ class Handler:
         if h.command == Command.PUT and n > self.s.max_object_bytes:
             self.counts[("PUT", Code.TOO_LARGE)] += 1
             return False  # PUT has no reply: refuse by closing, before reading the body
+        task = asyncio.current_task()
+        if task is not None:
+            self.busy.add(task)
         held = [0]
         try:
             body = await self._body(reader, n, held)
@@ -129,35 +145,43 @@ class Handler:
                           else await self._plain(conn, h, body, writer))
         finally:
             await self.gate.release(held[0])
+            if task is not None:
+                self.busy.discard(task)
         self.counts[(name, code)] += 1
         if self.observe is not None:
             self.observe(name, code, asyncio.get_running_loop().time() - t0)
-        return keep
+        return keep and not self.stopping
 
-    async def _body(self, reader: asyncio.StreamReader, n: int, held: list[int]) -> bytes:
-        """``n`` body bytes within the frame's deadline, taking room under the in-flight
-        budget as they arrive (``held[0]``: bytes taken, for the caller to give back), so a
-        client that announces a large frame and trickles holds only what it has sent."""
+    async def _body(self, reader: asyncio.StreamReader, n: int, held: list[int]
+                    ) -> bytes | bytearray:
+        """``n`` body bytes into one buffer within the frame's deadline, taken from the
+        reader as they arrive (its buffer stays small; ``readexactly(n)`` grows it to ``n``
+        and copies it out again), and room under the in-flight budget taken in ``CHUNK``
+        pieces just before they arrive (``held[0]``: bytes taken, for the caller to give
+        back), so a client that announces a large frame and trickles holds only what it
+        sent. ``IncompleteReadError`` at EOF, ``TimeoutError`` past the deadline."""
         if n == 0:
             return b""
         loop = asyncio.get_running_loop()
         stop = loop.time() + self._deadline(n)
-        parts: list[bytes] = []
-        got = 0
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
         while got < n:
-            piece = min(CHUNK, n - got)
-            await asyncio.wait_for(self.gate.acquire(piece), max(0.0, stop - loop.time()))
-            held[0] += piece
-            parts.append(await asyncio.wait_for(reader.readexactly(piece),
-                                                max(0.0, stop - loop.time())))
-            got += piece
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            if got == held[0]:
+                piece = min(CHUNK, n - got)
+                await asyncio.wait_for(self.gate.acquire(piece), max(0.0, stop - loop.time()))
+                held[0] += piece
+            chunk = await asyncio.wait_for(reader.readexactly(min(held[0] - got, _READ)),
+                                           max(0.0, stop - loop.time()))
+            view[got : got + len(chunk)] = chunk
+            got += len(chunk)
+        return buf
 
-    async def _ext(self, conn: Conn, h: Header, body: bytes,
+    async def _ext(self, conn: Conn, h: Header, body: bytes | bytearray,
                    writer: asyncio.StreamWriter) -> tuple[bool, int]:
         command = Ext(h.command)
         try:
-            message, payloads = split_body(body)
+            message, payloads = split_body(memoryview(body))
         except FrameError as exc:
             r = error(Code.BAD_REQUEST, str(exc))
         else:
@@ -184,7 +208,7 @@ class Handler:
         head = reply(r.code, body_length(r.message, size))
         await self._send(writer, [head, pack_body(r.message, size), *r.payloads])
 
-    async def _plain(self, conn: Conn, h: Header, body: bytes,
+    async def _plain(self, conn: Conn, h: Header, body: bytes | bytearray,
                      writer: asyncio.StreamWriter) -> tuple[bool, int]:
         if not self.s.plain_lmcache or not conn.authed:
             if h.command != Command.PUT:

@@ -19,6 +19,7 @@ import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.indexed import IndexedTier
+from tiers.prefault import Prefault
 from tiers.tier import Entry, copy_into, nbytes_of
 
 ALIGN = 64  # bytes; keeps every dtype view aligned and copies cache-line friendly
@@ -110,6 +111,9 @@ class SlabTier(IndexedTier):
         self.pinned = bool(self._slab.is_pinned()) if self.device.type == "cpu" else False
         self._host = self.device.type == "cpu"
         self._base = self._slab.data_ptr()
+        # pinned memory is touched by pinning; plain host memory is faulted in behind
+        self._prefault = (Prefault(self._base, total) if self._host and not self.pinned
+                          else None)
         self._pools: dict[ObjectKind, PagePool] = {}
         base = 0
         for k in ObjectKind:
@@ -177,6 +181,8 @@ class SlabTier(IndexedTier):
         self._pools[entry.key.kind].free(entry.handle)
 
     def close(self) -> None:
+        if self._prefault is not None:
+            self._prefault.stop()
         with self._lock:
             self._host = False  # no raw pointer use after the slab is gone
             self._slab = torch.empty(0, dtype=torch.uint8)

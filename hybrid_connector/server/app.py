@@ -28,6 +28,7 @@ from hybrid_connector.config import HybridConfig
 from hybrid_connector.server.conn import Handler
 from hybrid_connector.server.http import app
 from hybrid_connector.server.metrics import Metrics
+from hybrid_connector.server.reader import FrameProtocol
 from hybrid_connector.server.service import Service
 from tiers.manager import TierManager
 
@@ -56,7 +57,9 @@ class Server:
 
     async def start(self) -> None:
         s = self.settings
-        self._tcp = await asyncio.start_server(self.handler, s.host, s.port)
+        loop = asyncio.get_running_loop()
+        self._tcp = await loop.create_server(lambda: FrameProtocol(self.handler, loop),
+                                             s.host, s.port)
         self.port = self._tcp.sockets[0].getsockname()[1]
         if s.http_port is not None:
             self._http = web.AppRunner(app(self.service.stats, self.metrics.registry,
@@ -119,6 +122,9 @@ def run(config: HybridConfig) -> int:
     """Serve until a signal; returns the exit code."""
     import uvloop
 
+    from hybrid_connector.server.memory import keep_freed_memory
+
+    keep_freed_memory()
     async def main() -> None:
         await Server(config).serve(announce)
 

@@ -13,6 +13,7 @@ goes on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 from collections import Counter
@@ -20,7 +21,12 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+import torch
+
 from hybrid_connector.config_server import ServerSettings
+from hybrid_connector.server.plain import head_size as plain_head
+from hybrid_connector.server.reader import FrameProtocol
 from hybrid_connector.server.service import Conn, Reply, Service, decode, error
 from hybrid_connector.wire.frames import (
     HEADER_BYTES,
@@ -37,11 +43,9 @@ from hybrid_connector.wire.frames import (
 from tiers.lm_protocol import Command
 
 log = logging.getLogger(__name__)
+Buffer = bytes | bytearray | np.ndarray  # a frame body
 CHUNK = 1 << 20  # body bytes budgeted at a time under max_inflight_bytes
 _MISS_META = (1, 2, 0, 0, 0, 0)  # what lmcache_server sends: KV_2LTD, float16, no shape
-_READ = 1 << 16  # bytes taken from the reader at a time: its buffer stays cache-resident
-
-
 class ByteGate:
     """At most ``limit`` bytes of frames in flight at once (a larger frame waits until it
     is alone)."""
@@ -93,7 +97,7 @@ class Handler:
         """``fn(*args)`` on the worker threads."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def __call__(self, reader: FrameProtocol, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
             self.active[task] = writer
@@ -112,6 +116,7 @@ class Handler:
                 self.active.pop(task, None)
                 self.busy.discard(task)
             writer.close()
+            await self._settle(conn)
             await self.offload(self.service.disconnected, conn)
 
     async def _send(self, writer: asyncio.StreamWriter, parts: list[bytes | memoryview]) -> None:
@@ -119,7 +124,7 @@ class Handler:
             writer.write(p)
         await asyncio.wait_for(writer.drain(), self._deadline(sum(len(p) for p in parts)))
 
-    async def _frame(self, conn: Conn, reader: asyncio.StreamReader,
+    async def _frame(self, conn: Conn, reader: FrameProtocol,
                      writer: asyncio.StreamWriter) -> bool:
         raw = await asyncio.wait_for(reader.readexactly(HEADER_BYTES), self.s.idle_timeout_s)
         try:
@@ -137,51 +142,79 @@ class Handler:
         if task is not None:
             self.busy.add(task)
         held = [0]
+        later = False
         try:
-            body = await self._body(reader, n, held)
+            prefix = plain_head(h.key) if h.command == Command.PUT else 0
+            body = await self._body(reader, n, held, prefix)
+            await self._settle(conn)  # a connection's frames take effect in order
             t0 = asyncio.get_running_loop().time()
             name = Ext(h.command).name if h.is_ext else Command(h.command).name
+            if h.command == Command.PUT and n and conn.authed and self.s.plain_lmcache:
+                # No reply: store it while the next frame is read (its command waits).
+                conn.pending = asyncio.ensure_future(self._put(h, body, held[0], t0))
+                later = True
+                return not self.stopping
             keep, code = (await self._ext(conn, h, body, writer) if h.is_ext
                           else await self._plain(conn, h, body, writer))
         finally:
-            await self.gate.release(held[0])
+            if not later:
+                await self.gate.release(held[0])
             if task is not None:
                 self.busy.discard(task)
+        self._count(name, code, t0)
+        return keep and not self.stopping
+
+    def _count(self, name: str, code: int, t0: float) -> None:
         self.counts[(name, code)] += 1
         if self.observe is not None:
             self.observe(name, code, asyncio.get_running_loop().time() - t0)
-        return keep and not self.stopping
 
-    async def _body(self, reader: asyncio.StreamReader, n: int, held: list[int]
-                    ) -> bytes | bytearray:
-        """``n`` body bytes into one buffer within the frame's deadline, taken from the
-        reader as they arrive (its buffer stays small; ``readexactly(n)`` grows it to ``n``
-        and copies it out again), and room under the in-flight budget taken in ``CHUNK``
-        pieces just before they arrive (``held[0]``: bytes taken, for the caller to give
-        back), so a client that announces a large frame and trickles holds only what it
-        sent. ``IncompleteReadError`` at EOF, ``TimeoutError`` past the deadline."""
+    async def _put(self, h: Header, body: Buffer, held: int, t0: float) -> None:
+        """A plain PUT, stored behind the connection's next read; its in-flight room is
+        held until it is stored."""
+        try:
+            ok = await self.offload(self.service.plain.put_framed, h.key, h.meta, body)
+            self._count("PUT", Code.OK if ok else Code.FAIL, t0)
+        finally:
+            await self.gate.release(held)
+
+    @staticmethod
+    async def _settle(conn: Conn) -> None:
+        """Wait for the connection's PUT still being stored (it never raises here)."""
+        if conn.pending is not None:
+            pending, conn.pending = conn.pending, None
+            with contextlib.suppress(Exception):
+                await pending
+
+    async def _body(self, reader: FrameProtocol, n: int, held: list[int], prefix: int = 0
+                    ) -> Buffer:
+        """``n`` body bytes read straight into one buffer (after ``prefix`` free bytes, so a
+        plain PUT is stored without another copy) within the frame's deadline, room under
+        the in-flight budget taken in ``CHUNK`` pieces just before they arrive (``held[0]``:
+        bytes taken, for the caller to give back), so a client that announces a large frame
+        and trickles holds only what it sent. ``IncompleteReadError`` at EOF,
+        ``TimeoutError`` past the deadline."""
         if n == 0:
-            return b""
+            return bytearray(prefix) if prefix else b""
         loop = asyncio.get_running_loop()
         stop = loop.time() + self._deadline(n)
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
+        # uninitialised (a bytearray is zeroed first): every byte is overwritten below
+        buf = torch.empty(prefix + n, dtype=torch.uint8).numpy()
+        view, got = memoryview(buf)[prefix:], 0  # type: ignore[arg-type]
         while got < n:
-            if got == held[0]:
-                piece = min(CHUNK, n - got)
-                await asyncio.wait_for(self.gate.acquire(piece), max(0.0, stop - loop.time()))
-                held[0] += piece
-            chunk = await asyncio.wait_for(reader.readexactly(min(held[0] - got, _READ)),
-                                           max(0.0, stop - loop.time()))
-            view[got : got + len(chunk)] = chunk
-            got += len(chunk)
+            piece = min(CHUNK, n - got)
+            await asyncio.wait_for(self.gate.acquire(piece), max(0.0, stop - loop.time()))
+            held[0] += piece
+            await asyncio.wait_for(reader.readinto(view[got : got + piece]),
+                                   max(0.0, stop - loop.time()))
+            got += piece
         return buf
 
-    async def _ext(self, conn: Conn, h: Header, body: bytes | bytearray,
+    async def _ext(self, conn: Conn, h: Header, body: Buffer,
                    writer: asyncio.StreamWriter) -> tuple[bool, int]:
         command = Ext(h.command)
         try:
-            message, payloads = split_body(memoryview(body))
+            message, payloads = split_body(memoryview(body))  # type: ignore[arg-type]
         except FrameError as exc:
             r = error(Code.BAD_REQUEST, str(exc))
         else:
@@ -208,19 +241,14 @@ class Handler:
         head = reply(r.code, body_length(r.message, size))
         await self._send(writer, [head, pack_body(r.message, size), *r.payloads])
 
-    async def _plain(self, conn: Conn, h: Header, body: bytes | bytearray,
+    async def _plain(self, conn: Conn, h: Header, body: Buffer,
                      writer: asyncio.StreamWriter) -> tuple[bool, int]:
         if not self.s.plain_lmcache or not conn.authed:
             if h.command != Command.PUT:
                 await self._send(writer, [reply(Code.UNAUTHORIZED)])
             return False, Code.UNAUTHORIZED
         plain = self.service.plain
-        if h.command == Command.PUT:
-            if n := len(body):
-                if n > self.s.max_object_bytes:
-                    return False, Code.TOO_LARGE  # PUT has no reply: close instead
-                ok = await self.offload(plain.put, h.key, h.meta, body)
-                return True, Code.OK if ok else Code.FAIL
+        if h.command == Command.PUT:  # an empty one (the others are stored by ``_put``)
             return True, Code.FAIL
         if h.command == Command.GET:
             got = await self.offload(plain.get, h.key)

@@ -46,15 +46,26 @@ def object_key(key: str) -> ObjectKey:
                      plain_kind(key), 0, 0 if plain_kind(key) is ObjectKind.STATE else 1)
 
 
-def pack(key: str, meta: Meta, body: bytes | memoryview) -> torch.Tensor:
-    """The stored form: header, key, body (one contiguous uint8 tensor)."""
+def head_size(key: str) -> int:
+    """Bytes of the stored header before the body of an object named ``key``."""
+    return _HEAD.size + len(key.encode())
+
+
+def frame(key: str, meta: Meta, buf: bytearray | np.ndarray) -> torch.Tensor:
+    """The stored form in place: ``buf`` holds ``head_size(key)`` free bytes, then the body;
+    the header and key are written in front and the whole is one uint8 tensor (no copy)."""
     raw = key.encode()
-    out = np.empty(_HEAD.size + len(raw) + len(body), dtype=np.uint8)
-    _HEAD.pack_into(out, 0,  # type: ignore[arg-type]
-                     _MAGIC, *meta, len(raw))
-    out[_HEAD.size : _HEAD.size + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    out[_HEAD.size + len(raw) :] = np.frombuffer(body, dtype=np.uint8)
-    return torch.from_numpy(out)
+    arr = np.frombuffer(buf, dtype=np.uint8) if isinstance(buf, bytearray) else buf
+    _HEAD.pack_into(arr, 0, _MAGIC, *meta, len(raw))  # type: ignore[arg-type]
+    arr[_HEAD.size : _HEAD.size + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    return torch.from_numpy(arr)
+
+
+def pack(key: str, meta: Meta, body: bytes | memoryview) -> torch.Tensor:
+    """The stored form: header, key, body (one contiguous uint8 tensor, a copy)."""
+    buf = bytearray(head_size(key) + len(body))
+    buf[head_size(key):] = body
+    return frame(key, meta, buf)
 
 
 def unpack(stored: torch.Tensor) -> tuple[str, Meta, memoryview] | None:
@@ -82,8 +93,15 @@ class PlainObjects:
         self.puts = self.gets = self.hits = 0
 
     def put(self, key: str, meta: Meta, body: bytes | memoryview) -> bool:
+        return self._put(key, pack(key, meta, body))
+
+    def put_framed(self, key: str, meta: Meta, buf: bytearray | np.ndarray) -> bool:
+        """``put`` of a body read into ``buf`` after ``head_size(key)`` free bytes."""
+        return self._put(key, frame(key, meta, buf))
+
+    def _put(self, key: str, stored: torch.Tensor) -> bool:
         k = object_key(key)
-        ok = self.store.put([(k, pack(key, meta, body))])[0]
+        ok = self.store.put([(k, stored)])[0]
         with self._lock:
             self.puts += 1
             if ok:

@@ -59,6 +59,7 @@ class Conn:
     authed: bool
     session: str | None = None
     cache: HybridCache | None = None
+    pending: Any = None  # the event loop's task storing this connection's last plain PUT
 
 
 def decode(command: Ext, message: bytes | memoryview) -> m.Msg:

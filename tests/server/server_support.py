@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import uvloop
 import yaml
 
 from hybrid_connector.config import HybridConfig, load_config
@@ -48,7 +49,7 @@ def server_config(tmp: Path | None = None, *, host_mb: float = 64, disk_mb: floa
 def served(config: HybridConfig | dict[str, Any]) -> Iterator[Server]:
     """A started ``Server`` on its own event loop thread; stopped (gracefully) on exit."""
     cfg = config if isinstance(config, HybridConfig) else load_config(overrides=config, environ={})
-    loop = asyncio.new_event_loop()
+    loop = uvloop.new_event_loop()  # what `hybrid-connector server` runs on
     server = Server(cfg)
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()

@@ -22,6 +22,7 @@ COMMANDS = (
     ("hybrid_connector.inspect_cmd", "add_parser"),
     ("hybrid_connector.sim.cli", "add_parser"),
     ("hybrid_connector.sim.cli", "add_gen_parser"),
+    ("hybrid_connector.bench.cli", "add_parser"),
 )
 
 

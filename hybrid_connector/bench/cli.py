@@ -65,8 +65,11 @@ def run(args: argparse.Namespace) -> int:
     print(closing_note(doc))
     jpath, ppath = out / f"capacity{suffix}.json", out / f"capacity{suffix}.png"
     report.write_json(jpath, doc)
+    g = doc["geometry"]
+    where = "GPU HBM" if doc["device"].startswith("cuda") else "a CPU pool (no GPU)"
     why = report.plot(ppath, doc["rows"], list(doc["workloads"]),
-                      f"{doc['geometry']['geometry']}, {cfg.compute} compute; " + doc["notes"][0][:90])
+                      f"{g['geometry']} objects (bytes / {g['byte_scale']}), {cfg.compute} compute, "
+                      f"device tier: {where}; solid: ours, dashed: LRU / vLLM-style")
     print(f"\nwall time {doc['wall_s']:.0f} s")
     print(f"JSON: {jpath.resolve()}")
     print(f"PNG:  {ppath.resolve()}" if why is None else f"PNG not written: {why}")

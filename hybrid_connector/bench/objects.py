@@ -127,7 +127,10 @@ class Verifier:
         for key, t in zip(keys, out, strict=True):
             if t is None:
                 continue
-            if self.digests.get(key) != _digest(t):
+            if key not in self.digests:
+                raise CorruptLoad(f"{key.kind.value} [{key.start}, {key.end}) was read but never "
+                                  "saved in this run")
+            if self.digests[key] != _digest(t):
                 raise CorruptLoad(f"{key.kind.value} [{key.start}, {key.end}) read back "
                                   "different bytes than were saved under its key")
             self.verified += 1

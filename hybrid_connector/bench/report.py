@@ -72,12 +72,13 @@ def plot(path: Path, rows: list[dict[str, Any]], workloads: list[str], title: st
                          if r["workload"] == w and r["config"] == c)
             if not pts:
                 continue
-            xs = [p[0] for p in pts]
+            xs = [p[0] for p in pts]  # the last configuration's ticks label every axis
             axes[0][j].plot(xs, [p[1] for p in pts], styles[c], marker="o", label=c)
             axes[1][j].plot(xs, [p[2] for p in pts], styles[c], marker="o", label=c)
         for i, lab in enumerate(("token hit rate", "throughput (requests/s, prefill-bound)")):
             ax = axes[i][j]
             ax.set_xscale("log", base=2)
+            ax.set_xticks(xs, [f"{x:g}x" for x in xs])
             ax.set_xlabel("working set / device budget")
             ax.set_ylabel(lab)
             ax.grid(True, alpha=0.3)

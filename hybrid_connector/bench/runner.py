@@ -12,6 +12,8 @@ bytes of every kind within its budget after every request, every loaded object v
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -231,10 +233,8 @@ def open_cache(cfg: CapacityConfig, setup: Setup, geo: ModelGeometry,
                model: Any = None) -> tuple[HybridCache, Verifier, Any]:
     """The real cache of ``setup`` (and the transformers runtime over it with ``model``)."""
     disk = None
-    if "nvme" in setup.tiers:
-        d = workdir / f"nvme-{setup.name}"
-        d.mkdir(parents=True, exist_ok=True)
-        disk = str(d)
+    if "nvme" in setup.tiers:  # a fresh directory per run: nothing of another run is adopted
+        disk = tempfile.mkdtemp(prefix=f"nvme-{setup.name}-", dir=workdir)
     hc = hybrid_config(cfg, setup, budgets, mix, disk)
     store = assemble.store(hc)
     verifier = Verifier(store.executor)
@@ -286,6 +286,8 @@ def run_point(cfg: CapacityConfig, setup: Setup, geo: ModelGeometry, workload: s
         if rt is not None:
             rt.close()
         cache.close()
+        if cache.config.disk_path:
+            shutil.rmtree(cache.config.disk_path, ignore_errors=True)
 
 
 def _modeled_request(cache: HybridCache, modeled: ModeledCompute, r: dict[str, Any],

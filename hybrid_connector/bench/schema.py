@@ -55,6 +55,10 @@ class RealSpec(_Strict):
     """``compute: real``: the transformers model that runs prefill on this machine."""
 
     model: Literal["trained", "random"] = "trained"  # shipped trained tiny Qwen3.5 or random
+    # the model runs every prefill on this machine: workloads shrink to at most ``sessions``
+    # sessions with every length times ``tokens_scale`` (on top of the workload's own)
+    sessions: int = Field(default=3, gt=0)
+    tokens_scale: float = Field(default=0.05, gt=0.0, le=1.0)
 
 
 class CapacityConfig(_Strict):

@@ -126,12 +126,14 @@ def test_bad_configs_name_the_key(tmp_path: Path) -> None:
 
 def test_real_compute_runs_the_tiny_model(tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    w = WorkloadSpec(name="agentic", kind="agentic", sessions=2, turns=3, tokens_scale=0.06,
+    w = WorkloadSpec(name="agentic", kind="agentic", sessions=4, turns=3, tokens_scale=1.0,
                      side_calls=0.0)
     cfg = small(compute="real", ratios=[2.0], workloads=[w], headline_ratio=2.0,
+                real={"sessions": 2, "tokens_scale": 0.06},
                 configurations=["none", "device-lru", "device+host+nvme-ours"])
     doc = run_capacity(cfg, tmp_path, progress=False)
     identities(doc["rows"])
     assert any("compute: real" in n for n in doc["notes"])
+    assert doc["workloads"]["agentic"]["summary"]["sessions"] == 2  # shrunk for the real model
     ours = next(r for r in doc["rows"] if r["config"] == "device+host+nvme-ours")
     assert ours["compute"] == "real" and ours["hits"] > 0 and ours["reads_verified"] > 0

@@ -36,6 +36,9 @@ def load_lmcache() -> tuple[dict[str, Any] | None, str]:
     import importlib.util
 
     try:
+        if importlib.util.find_spec("lmcache") is None:
+            return None, ("lmcache is not installed (EXTRAS='[lmcache]' bash scripts/setup.sh, "
+                          "or pip install 'hybrid-connector[lmcache]')")
         spec = importlib.util.find_spec("lmcache.v1")
         if spec is None or spec.origin is None:
             return None, "lmcache is not installed (pip install 'hybrid-connector[lmcache]')"

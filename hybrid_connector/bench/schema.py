@@ -72,9 +72,9 @@ class CapacityConfig(_Strict):
     disk_per_stored: float = Field(1.5, gt=0.0)  # NVMe budget = this x bytes stored with unlimited room
     configurations: tuple[Configuration, ...] = tuple(c for c in CONFIGURATIONS if c != "device-ours")
     workloads: tuple[WorkloadSpec, ...] = (
-        WorkloadSpec(name="agentic", kind="agentic", sessions=12, turns=10, seed=0,
+        WorkloadSpec(name="agentic", kind="agentic", sessions=10, turns=10, seed=0,
                      tokens_scale=1.0, side_calls=0.5, sessions_per_second=2.0),
-        WorkloadSpec(name="chat", kind="chat", sessions=12, turns=6, seed=1, tokens_scale=0.5),
+        WorkloadSpec(name="chat", kind="chat", sessions=10, turns=6, seed=1, tokens_scale=0.5),
     )
     headline: str = "agentic"  # the workload the targets are checked on
     headline_ratio: float = 4.0

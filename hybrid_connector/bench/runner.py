@@ -29,7 +29,7 @@ from hybrid_connector import assemble
 from hybrid_connector.bench.compute import ModeledCompute
 from hybrid_connector.bench.objects import CorruptLoad, Payloads, Verifier
 from hybrid_connector.bench.schema import CapacityConfig
-from hybrid_connector.bench.setups import Setup, hybrid_config
+from hybrid_connector.bench.setups import Setup, hybrid_config, split
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
@@ -247,8 +247,7 @@ def open_cache(cfg: CapacityConfig, setup: Setup, geo: ModelGeometry,
 
 
 def tier_budgets(setup: Setup, budgets: dict[str, int], mix: float) -> dict[str, dict[str, int]]:
-    from hybrid_connector.bench.setups import split
-
+    """Per tier, per kind budgets of ``setup`` (``budgets``: tier totals)."""
     return {t: split(budgets[t], mix) for t in setup.tiers}
 
 

@@ -209,9 +209,9 @@ def closing_note(doc: dict[str, Any]) -> str:
         deep = ours["tokens_loaded"] / max(1, ours["hits"])
         lines.append(f"  why device-only LRU stays at {lru['token_hit_rate']:.3f}: {lru['hits']} of "
                      f"{lru['requests']} requests still hit, {per:.0f} tokens on average (ours: "
-                     f"{deep:.0f}): the prefixes every request shares (the agents' scaffold) stay "
-                     "hot in any LRU; it falls below 0.2 only at a smaller device budget (see "
-                     "the sweep)")
+                     f"{deep:.0f}): recency keeps the prefixes many requests share (the agents' "
+                     "scaffold) and the latest sessions' contexts on the device; it falls below "
+                     "0.2 only at a smaller device budget (see the sweep)")
     if not t["throughput_met"]:
         lines.append(f"  why {t['throughput_x']:.2f}x: mean TTFT ours {_ms(ours)}; device-only "
                      f"LRU {_ms(lru)} (the fixed cost and the loads are paid by both)")

@@ -54,13 +54,14 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"bench capacity: {exc}", file=sys.stderr)
         return 2
+    scaled = int(doc["geometry"]["byte_scale"]) > 1
     for w in doc["workloads"]:
         ratio = cfg.headline_ratio if cfg.headline_ratio in cfg.ratios else cfg.ratios[-1]
         ws = doc["workloads"][w]
         print(f"\n{w}: {ws['summary']['requests']} requests, working set "
-              f"{ws['working_set_bytes'] / 1e6:.1f} MB (scaled), at {ratio:g}x working set / device budget "
-              f"({cfg.compute} compute)")
-        print(report.table(doc["rows"], w, ratio))
+              f"{ws['working_set_bytes'] / 1e6:.1f} MB{' (scaled)' if scaled else ''}, at {ratio:g}x "
+              f"working set / device budget ({cfg.compute} compute)")
+        print(report.table(doc["rows"], w, ratio, scaled))
     print()
     print(closing_note(doc))
     jpath, ppath = out / f"capacity{suffix}.json", out / f"capacity{suffix}.png"

@@ -13,10 +13,12 @@ def _mb(d: dict[str, dict[str, int]]) -> str:
     return " ".join(f"{t}:{sum(k.values()) / MB:.1f}" for t, k in d.items() if sum(k.values())) or "-"
 
 
-def table(rows: list[dict[str, Any]], workload: str, ratio: float) -> str:
-    """The rows of ``workload`` at ``ratio`` (every configuration) as a text table."""
+def table(rows: list[dict[str, Any]], workload: str, ratio: float, scaled: bool = True) -> str:
+    """The rows of ``workload`` at ``ratio`` (every configuration) as a text table;
+    ``scaled``: the bytes are the benchmark's scaled-down ones."""
+    loaded = "loaded MB by tier (scaled)" if scaled else "loaded MB by tier         "
     head = (f"{'configuration':22} {'tok hit':>7} {'req hit':>7} {'TTFT ms':>8} {'p95 ms':>7} "
-            f"{'req/s':>7} {'x dev-LRU':>9}  loaded MB by tier (scaled)   hits by tier")
+            f"{'req/s':>7} {'x dev-LRU':>9}  {loaded}   hits by tier")
     out = [head, "-" * len(head)]
     base = next((r for r in rows if r["workload"] == workload and r["ratio"] == ratio
                  and r["config"] == "device-lru"), None)

@@ -120,6 +120,32 @@ def run_capacity(cfg: CapacityConfig, work: Path | None = None, progress: bool =
         plan = [p for p in plan if "nvme" not in p[2]]
     elif need:
         notes.append(f"NVMe tier: files under {tmp} (fsync {cfg.disk_fsync}, removed at the end)")
+    try:
+        rows = _sweep(cfg, plan, loads, geo, tmp, model, progress)
+        peers: dict[str, Any] = {"ran": False, "why": "peers: false in the config"}
+        if cfg.peers:
+            # full-size objects of the geometry (what an engine stores), a few of each kind
+            scale = int(geo_info["byte_scale"])
+            sizes = {ObjectKind.KV: (geo.kv_bytes_per_token() * scale * cfg.chunk_size, 8),
+                     ObjectKind.STATE: (geo.state_bytes() * scale, 2)}
+            peers = run_peers(sizes, tmp, cfg.peer_reps, cfg.disk_fsync)
+            peers["ran"] = peers.get("lmcache") is not None
+            if not peers["ran"]:
+                notes.append(f"peers NOT run: LMCache's backends cannot be loaded here: "
+                             f"{peers['unavailable']}")
+    finally:  # also after a failure: no NVMe files are left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+    doc = {"config": cfg.model_dump(mode="json"), "compute": cfg.compute, "geometry": geo_info,
+           "device": str(dev), "workloads": sets, "rows": rows, "peers": peers, "notes": notes,
+           "wall_s": time.perf_counter() - t0}
+    doc["targets"] = targets(cfg, rows)
+    return doc
+
+
+def _sweep(cfg: CapacityConfig, plan: list[tuple[str, float, str, dict[str, int], float]],
+           loads: dict[str, list[dict[str, Any]]], geo: ModelGeometry, tmp: Path, model: Any,
+           progress: bool) -> list[dict[str, Any]]:
+    """Every planned point, in order, under one progress bar."""
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=sum(len(loads[p[0]]) for p in plan), desc="capacity", unit="req",
                disable=not progress, dynamic_ncols=True)
@@ -131,22 +157,7 @@ def run_capacity(cfg: CapacityConfig, work: Path | None = None, progress: bool =
             rows.append(res.row())
     finally:
         bar.close()
-    peers: dict[str, Any] = {"ran": False, "why": "peers: false in the config"}
-    if cfg.peers:
-        # full-size objects of the geometry (what an engine stores), a few of each kind
-        scale = int(geo_info["byte_scale"])
-        sizes = {ObjectKind.KV: (geo.kv_bytes_per_token() * scale * cfg.chunk_size, 8),
-                 ObjectKind.STATE: (geo.state_bytes() * scale, 2)}
-        peers = run_peers(sizes, tmp, cfg.peer_reps, cfg.disk_fsync)
-        peers["ran"] = peers.get("lmcache") is not None
-        if not peers["ran"]:
-            notes.append(f"peers NOT run: LMCache's backends cannot be loaded here: {peers['unavailable']}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    doc = {"config": cfg.model_dump(mode="json"), "compute": cfg.compute, "geometry": geo_info,
-           "device": str(dev), "workloads": sets, "rows": rows, "peers": peers, "notes": notes,
-           "wall_s": time.perf_counter() - t0}
-    doc["targets"] = targets(cfg, rows)
-    return doc
+    return rows
 
 
 def _row(rows: list[dict[str, Any]], w: str, ratio: float, c: str) -> dict[str, Any] | None:

@@ -97,7 +97,7 @@ def _flip(out: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
 
 
 def test_a_corrupted_load_is_caught_by_both_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = small(ratios=[4.0], configurations=["device+host-ours"], workloads=[SMALL["workloads"][1]])
+    cfg = small(ratios=[4.0], configurations=["device+host+nvme-ours"], workloads=[SMALL["workloads"][1]])
     real_read = Executor.read
     monkeypatch.setattr(Executor, "read", lambda self, k, h=None: _flip(real_read(self, k, h)))
     with pytest.raises(CorruptLoad, match="different bytes than were saved"):
@@ -106,6 +106,7 @@ def test_a_corrupted_load_is_caught_by_both_checks(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(Verifier, "read", lambda self, k, h=None: self._read(k, h))
     with pytest.raises(CorruptLoad, match="wrong bytes"):
         run_capacity(cfg, tmp_path, progress=False)
+    assert list(tmp_path.glob("hc-capacity-*")) == []  # cleaned up after a failure too
 
 
 def test_the_config_file_is_the_embedded_default() -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybrid_connector.bench.peers import load_lmcache  # one loader for both peer benchmarks
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.host import HostTier
 from tiers.nvme import NvmeTier
@@ -76,38 +77,6 @@ FAIRNESS = [
     "cold gets: every file of the side fsynced and dropped from the page cache "
     "(posix_fadvise DONTNEED) before the timed read; the order of sides rotates each rep.",
 ]
-
-
-def load_lmcache() -> tuple[dict[str, Any] | None, str]:
-    """LMCache's two local backends and what they need, or (None, why not). The package
-    ``lmcache.v1.storage_backend`` imports every backend in its ``__init__`` (GDS, NIXL,
-    remote connectors: aiofile, cryptography, ... which are not installed here); the two
-    modules used are loaded without it, which is the only liberty taken."""
-    import importlib.util
-    import types
-
-    try:
-        spec = importlib.util.find_spec("lmcache.v1")
-        if spec is None or spec.origin is None:
-            return None, "lmcache is not installed"
-        if "lmcache.v1.storage_backend" not in sys.modules:
-            pkg = types.ModuleType("lmcache.v1.storage_backend")
-            pkg.__path__ = [os.path.join(os.path.dirname(spec.origin), "storage_backend")]
-            sys.modules["lmcache.v1.storage_backend"] = pkg
-        os.environ.setdefault("LMCACHE_LOG_LEVEL", "ERROR")  # its loggers ignore the root level
-        from importlib.metadata import version
-
-        from lmcache.utils import CacheEngineKey
-        from lmcache.v1.config import LMCacheEngineConfig
-        from lmcache.v1.memory_allocators.mixed_memory_allocator import MixedMemoryAllocator
-        from lmcache.v1.memory_management import MemoryFormat
-        from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
-        from lmcache.v1.storage_backend.local_disk_backend import LocalDiskBackend
-        return {"Key": CacheEngineKey, "Config": LMCacheEngineConfig, "Alloc": MixedMemoryAllocator,
-                "fmt": MemoryFormat.KV_2LTD, "Cpu": LocalCPUBackend, "Disk": LocalDiskBackend,
-                "version": version("lmcache")}, ""
-    except Exception as exc:  # any import failure: say why, never fake numbers
-        return None, f"{type(exc).__name__}: {exc}"
 
 
 def drop_cache(paths: list[Path]) -> None:

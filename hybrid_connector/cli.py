@@ -24,6 +24,7 @@ COMMANDS = (
     ("hybrid_connector.sim.cli", "add_gen_parser"),
     ("hybrid_connector.server.cli", "add_parser"),
     ("hybrid_connector.server.cli", "add_ping_parser"),
+    ("hybrid_connector.bench.cli", "add_parser"),
 )
 
 

@@ -42,6 +42,11 @@ class ReplyTooLarge(RemoteError):
     """A reply longer than the caller's bound, refused before it was read."""
 
 
+class ShardUnavailable(RemoteError):
+    """One shard of a cluster (the slots it serves) cannot answer now; the rest may be
+    fine, so the tier counts a miss without marking the whole remote down."""
+
+
 class RemoteClient(ABC):
     """Blob store client; see the module docstring. ``limits`` bound manifests."""
 
@@ -351,4 +356,5 @@ def make_client(url: str, timeout: float, limits: Limits | None = None) -> Remot
         return LmClient(u.hostname, u.port, timeout, limits=limits)
     if u.scheme in ("redis", "rediss", "valkey"):
         return RedisClient(url, timeout, limits)
-    raise ValueError(f"remote url {url!r}: unsupported scheme {u.scheme!r} (lm, redis, valkey)")
+    raise ValueError(f"remote url {url!r}: unsupported scheme {u.scheme!r} "
+                     "(lm, redis, rediss, valkey; redis+cluster, valkey+cluster: see tiers.remote_cluster)")

@@ -299,8 +299,11 @@ class RedisClusterClient(RemoteClient):
                 raise RemoteError(f"EXISTS pipeline answered {str(res)[:80]}")
             for i, v in zip(idx, res, strict=True):
                 if isinstance(v, self._rx.MovedError):
-                    rc.nodes_manager.move_slot(v)  # asked again next time, of its new master
-                elif isinstance(v, Exception):
+                    rc.nodes_manager.move_slot(v)
+                if isinstance(v, self._rx.AskError):  # or MOVED: asked alone, redirected
+                    with contextlib.suppress(ShardUnavailable):
+                        v = self._cmd(names[i], _op("exists", names[i]))
+                if isinstance(v, Exception):
                     continue
                 elif type(v) is not int:
                     raise RemoteError(f"EXISTS pipeline answered {str(res)[:80]}")

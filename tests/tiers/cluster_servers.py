@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
 from tier_servers import _missing, _stop, _wait_port, free_port
 
 
@@ -147,3 +148,11 @@ def run_cluster(workdir: Path, masters: int = 3, replicas: int = 1,
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A real 3-master, 3-replica Redis Cluster on 127.0.0.1 (shared by the session's
+    non-destructive tests; a test that kills nodes starts its own with ``run_cluster``)."""
+    with run_cluster(tmp_path_factory.mktemp("rcluster")) as c:
+        yield c

@@ -59,6 +59,17 @@ def _op(method: str, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
     return lambda r: getattr(r, method)(*args, **kwargs)
 
 
+def _patch_slot(rc: Any, moved: Exception) -> None:
+    """Point the slot map at a MOVED redirect's node (redis-py >= 6 patches at once, 5.x
+    at the next look-up)."""
+    nm = rc.nodes_manager
+    move = getattr(nm, "move_slot", None)
+    if move is not None:
+        move(moved)
+    else:
+        nm.update_moved_exception(moved)
+
+
 class RedisClusterClient(RemoteClient):
     """See the module docstring. ``chunk_size``: the largest value one command moves."""
 
@@ -187,7 +198,7 @@ class RedisClusterClient(RemoteClient):
                 self._mark_up(node.name)
                 return out
             except self._rx.MovedError as exc:  # the slot has a new master (failover, resharding)
-                rc.nodes_manager.move_slot(exc)
+                _patch_slot(rc, exc)
                 node, asking = self._node(rc, name), False
             except self._rx.AskError as exc:  # the slot is migrating; this key has moved
                 target = rc.get_node(host=exc.host, port=exc.port)
@@ -299,7 +310,7 @@ class RedisClusterClient(RemoteClient):
                 raise RemoteError(f"EXISTS pipeline answered {str(res)[:80]}")
             for i, v in zip(idx, res, strict=True):
                 if isinstance(v, self._rx.MovedError):
-                    rc.nodes_manager.move_slot(v)
+                    _patch_slot(rc, v)
                 if isinstance(v, self._rx.AskError):  # or MOVED: asked alone, redirected
                     with contextlib.suppress(ShardUnavailable):
                         v = self._cmd(names[i], _op("exists", names[i]))

@@ -24,7 +24,7 @@ retry loop (its sleeps, its implicit topology refreshes behind locks) runs insid
   a topology refresh (at most one per ``refresh_interval``, by one thread, never waited
   for), and a command for a backed-off shard refreshes too: once a replica is promoted,
   its slots are found on it within about ``refresh_interval``. One WARNING per shard going
-  down, one INFO when it is back.
+  down, one INFO when it is back. Refreshes run on a thread of their own.
 * ``ShardUnavailable`` is a ``RemoteError`` the tier counts as a miss without marking the
   whole remote down (the other shards keep answering). ``CLUSTERDOWN``, ``TRYAGAIN``,
   ``READONLY``, ``LOADING``, an uncovered slot: the same. A cluster that cannot be
@@ -130,19 +130,25 @@ class RedisClusterClient(RemoteClient):
             self._init_lock.release()
 
     def _refresh(self, rc: Any, force: bool = False) -> None:
-        """Re-read the slot map (one thread at a time, never waited for, rate limited)."""
+        """Re-read the slot map on a thread of its own (under a deadline of its own), at
+        most one at a time and one per ``refresh_interval`` unless ``force``: no call
+        waits for it or spends its deadline on it (a hung node could eat all of it)."""
         now = time.monotonic()
         if not force and now - self._last_refresh < self.refresh_interval:
             return
         if not self._refresh_lock.acquire(blocking=False):
             return
-        try:
-            self._last_refresh = now
-            rc.nodes_manager.initialize()
-        except Exception as exc:  # no node answered in time: the old map stays
-            log.debug("remote cluster %s: topology refresh failed: %s", self.url, exc)
-        finally:
-            self._refresh_lock.release()
+        self._last_refresh = now
+
+        def run() -> None:
+            try:
+                with deadline.scope(self.timeout):
+                    rc.nodes_manager.initialize()
+            except Exception as exc:  # no node answered in time: the old map stays
+                log.debug("remote cluster %s: topology refresh failed: %s", self.url, exc)
+            finally:
+                self._refresh_lock.release()
+        threading.Thread(target=run, name="remote-cluster-refresh", daemon=True).start()
 
     def _mark_down(self, node: str, exc: BaseException) -> None:
         with self._lock:

@@ -39,6 +39,7 @@ class Cluster:
     cli: str
     ports: list[int]
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    stopped: set[int] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -50,7 +51,8 @@ class Cluster:
         return r.stdout.decode(errors="replace")
 
     def alive(self) -> list[int]:
-        return [p for p, proc in self.procs.items() if proc.poll() is None]
+        """Ports of the nodes running (neither killed nor stopped)."""
+        return [p for p, proc in self.procs.items() if proc.poll() is None and p not in self.stopped]
 
     def nodes(self, port: int) -> list[list[str]]:
         """``CLUSTER NODES`` as seen by ``port``, one split line per node."""
@@ -78,6 +80,12 @@ class Cluster:
         proc = self.procs[port]
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
+
+    def stop(self, port: int) -> None:
+        """SIGSTOP one node: it hangs with its sockets open (accepts, never answers), as a
+        node that stalls or sits behind a dropped link."""
+        self.procs[port].send_signal(signal.SIGSTOP)
+        self.stopped.add(port)
 
     def ok(self, ports: list[int] | None = None) -> bool:
         """Every live node (or ``ports``) reports ``cluster_state:ok`` and all 16384 slots
@@ -142,6 +150,7 @@ def run_cluster(workdir: Path, masters: int = 3, replicas: int = 1,
     finally:
         for proc in c.procs.values():  # all at once: a node's shutdown takes a while
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a stopped node cannot act on SIGTERM
                 proc.terminate()
         for proc in c.procs.values():
             try:

@@ -1,6 +1,7 @@
-"""A master of a real Redis Cluster killed (SIGKILL) mid-run: its keys are misses until its
-replica is promoted, then hits again; the other shards' keys hit throughout; no call
-blocks past the configured deadline; nothing corrupt is ever served.
+"""A master of a real Redis Cluster killed (SIGKILL: connections refused) or hung (SIGSTOP:
+connections accepted, never answered) mid-run: its keys are misses until its replica is
+promoted, then hits again; the other shards' keys hit throughout; no call blocks past the
+configured deadline; nothing corrupt is ever served.
 
 Reader threads (the writer's instance, which indexes the objects, and a fresh one that asks
 the cluster) loop over every key, timing each call and checking every tensor returned bit
@@ -31,7 +32,8 @@ SLACK = 0.35  # thread scheduling on a loaded 2-core host, not the client
 
 @pytest.mark.server
 @pytest.mark.timeout(120)
-def test_a_killed_master_is_misses_until_its_replica_is_promoted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_failed_master_is_misses_until_its_replica_is_promoted(tmp_path: Path, how: str) -> None:
     torch.set_num_threads(1)
     with run_cluster(tmp_path, node_timeout_ms=1000) as c:
         writer = RemoteTier(c.url, BIG, timeout=DEADLINE, chunk_size=1 << 20,
@@ -78,7 +80,7 @@ def test_a_killed_master_is_misses_until_its_replica_is_promoted(tmp_path: Path)
         for t in threads:
             t.start()
         time.sleep(0.5)
-        c.kill(victim)
+        (c.kill if how == "kill" else c.stop)(victim)
         killed_at[0] = time.monotonic()
         # the victim's keys: misses (within the deadline) until promotion, then hits
         probe = RemoteTier(c.url, BIG, timeout=DEADLINE, min_backoff=0.05, max_backoff=0.2)
@@ -99,7 +101,7 @@ def test_a_killed_master_is_misses_until_its_replica_is_promoted(tmp_path: Path)
         stop.set()
         for t in threads:
             t.join(10)
-        print(f"\nfailover: victim :{victim} ({len(on_victim)} of {len(its)} keys); misses until "
+        print(f"\nfailover ({how}): victim :{victim} ({len(on_victim)} of {len(its)} keys); misses until "
               f"its replica served them: {missed}; back after {back_after:.2f} s; slowest call "
               f"{slowest[0]:.3f} s (deadline {DEADLINE} s); other shards' hits after the kill "
               f"{hits_elsewhere_after_kill[0]}/{hits_elsewhere_after_kill[1]}")

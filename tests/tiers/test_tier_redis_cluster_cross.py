@@ -1,7 +1,7 @@
 """Two cache instances in two processes, each with its own host tier, sharing one real
 3-master, 3-replica Redis Cluster (``redis+cluster://``): the second finds the first's
 objects through the cluster's manifests and keys and hits on its prefixes, loading exactly
-the bytes the first made; with the transformers runtime, its restored KV and recurrent
+the bytes the first made, and a third process hits on what the second saved; with the transformers runtime, its restored KV and recurrent
 states, logits and greedy tokens equal a full prefill's. The same peers as
 ``test_cross_instance*.py`` use against one ``redis-server``."""
 
@@ -42,8 +42,15 @@ def test_second_instance_hits_on_the_first_ones_prefixes_across_shards(
     plan = cache.lookup(np.r_[first, [1, 2, 3]])
     assert {o.tier for o in plan.objects} <= {"host", "remote"}
     assert serve(cache, np.r_[second, [5]]) > 0
+    # and the other way: what this instance saved, a fresh process hits on
+    mine = prompts(seed=11)[0]
+    assert serve(cache, mine) == 0
+    cache.flush()
     cache.check_integrity()
     cache.close()
+    probe = ",".join(str(int(t)) for t in np.r_[mine, [1, 2]])
+    _peer("cross_peer_read.py", url, str(tmp_path / "hit"), probe, timeout=120)
+    assert int((tmp_path / "hit").read_text()) >= 40
 
 
 @pytest.mark.server

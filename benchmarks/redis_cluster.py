@@ -43,10 +43,13 @@ MB = 10**6
 SIZES = {"kv_0.6MB": 600_000, "state_8MB": 8 * MB, "state_50MB": 50 * MB}
 
 
+CHUNK = [4 << 20]  # set from --chunk-size before the workers fork
+
+
 def _client(url: str) -> Any:
     from tiers.remote import make_client
 
-    return make_client(url, timeout=30.0)
+    return make_client(url, timeout=30.0, chunk_size=CHUNK[0])
 
 
 def worker(url: str, wid: int, size: int, seconds: float, start: Any, out: Any) -> None:
@@ -116,10 +119,17 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=None, help="per put or get phase")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--sizes", default=None, help=f"comma list of {', '.join(SIZES)}")
+    ap.add_argument("--chunk-size", type=int, default=4 << 20, help="the cluster's chunk size")
+    ap.add_argument("--node-timeout-ms", type=int, default=5000,
+                    help="cluster-node-timeout: long enough that a starved host is no failover")
     args = ap.parse_args()
+    CHUNK[0] = args.chunk_size
     seconds = args.seconds or (1.5 if args.quick else 3.0)
     reps = args.reps or (1 if args.quick else 2)
     sizes = {k: v for k, v in SIZES.items() if not (args.quick and v > 10 * MB)}
+    if args.sizes:
+        sizes = {k: SIZES[k] for k in args.sizes.split(",")}
 
     import torch
     from cluster_servers import run_cluster
@@ -130,7 +140,8 @@ def main() -> None:
     torch.set_num_threads(1)
 
     with tempfile.TemporaryDirectory() as tmp, run_redis(Path(tmp)) as single, \
-            run_cluster(Path(tmp) / "cluster", replicas=args.replicas) as cluster:
+            run_cluster(Path(tmp) / "cluster", replicas=args.replicas,
+                        node_timeout_ms=args.node_timeout_ms) as cluster:
         urls = {"single": single, "cluster": cluster.url}
         rows: dict[str, dict[str, list[dict[str, float]]]] = {}
         for name, size in sizes.items():
@@ -156,9 +167,12 @@ def main() -> None:
               f"(x{ratio['put']:.2f})   get {b['single']['get_ops_s']:8.1f} -> "
               f"{b['cluster']['get_ops_s']:8.1f} ops/s (x{ratio['get']:.2f})")
     suffix = ("_quick" if args.quick else "") + ("" if args.replicas == 1 else f"_r{args.replicas}")
+    if args.sizes or args.chunk_size != 4 << 20:
+        suffix += "_custom"
     out = Path(_HERE) / "results" / f"redis_cluster{suffix}.json"
     out.write_text(json.dumps({
         "clients": args.clients, "cpus": os.cpu_count(), "replicas": args.replicas,
+        "cluster_chunk_size": args.chunk_size,
         "seconds_per_phase": seconds, "reps": reps, "sizes": sizes,
         "load_avg_after": os.getloadavg()[0], "summary": summary, "runs": rows,
         "note": "one process per client; cluster values over 4 MiB chunked (the 8 MB and 50 MB "

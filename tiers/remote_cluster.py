@@ -120,7 +120,7 @@ class RedisClusterClient(RemoteClient):
                 # our connection class; the other nodes are startup nodes too.
                 (h0, p0), *others = self.cfg.nodes
                 self._rc = RedisCluster(
-                    url=f"redis://{h0}:{p0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
+                    url=f"redis://{f'[{h0}]' if ':' in h0 else h0}:{p0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
                     require_full_coverage=False, retry=Retry(NoBackoff(), 0), protocol=2,
                     socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
                     connection_class=self._conn_class, username=self.cfg.username,
@@ -129,10 +129,11 @@ class RedisClusterClient(RemoteClient):
         finally:
             self._init_lock.release()
 
-    def _refresh(self, rc: Any, force: bool = False) -> None:
+    def _refresh(self, rc: Any, force: bool = False, avoid: str | None = None) -> None:
         """Re-read the slot map on a thread of its own (under a deadline of its own), at
         most one at a time and one per ``refresh_interval`` unless ``force``: no call
-        waits for it or spends its deadline on it (a hung node could eat all of it)."""
+        waits for it or spends its deadline on it (a hung node could eat all of it). The
+        ``avoid`` node (a shard found down) is asked last, where redis-py allows it."""
         now = time.monotonic()
         if not force and now - self._last_refresh < self.refresh_interval:
             return
@@ -143,7 +144,10 @@ class RedisClusterClient(RemoteClient):
         def run() -> None:
             try:
                 with deadline.scope(self.timeout):
-                    rc.nodes_manager.initialize()
+                    try:
+                        rc.nodes_manager.initialize(last_failed_node_name=avoid)
+                    except TypeError:  # redis-py < 7: no such argument
+                        rc.nodes_manager.initialize()
             except Exception as exc:  # no node answered in time: the old map stays
                 log.debug("remote cluster %s: topology refresh failed: %s", self.url, exc)
             finally:
@@ -176,7 +180,7 @@ class RedisClusterClient(RemoteClient):
         try:
             node = rc.nodes_manager.get_node_from_slot(rc.keyslot(name))
             if self._backing_off(node.name):
-                self._refresh(rc)  # a promoted replica may serve it by now
+                self._refresh(rc, avoid=node.name)  # a promoted replica may serve it by now
                 node = rc.nodes_manager.get_node_from_slot(rc.keyslot(name))
         except self._rx.SlotNotCoveredError as exc:
             self._refresh(rc)
@@ -213,7 +217,7 @@ class RedisClusterClient(RemoteClient):
                 node, asking = target, True
             except (self._rx.ConnectionError, self._rx.TimeoutError, OSError) as exc:
                 self._mark_down(node.name, exc)
-                self._refresh(rc, force=True)
+                self._refresh(rc, force=True, avoid=node.name)
                 raise ShardUnavailable(f"shard {node.name}: {type(exc).__name__}: {exc}") from exc
             except self._shard_errors as exc:  # CLUSTERDOWN, TRYAGAIN, READONLY, ...
                 self._refresh(rc)

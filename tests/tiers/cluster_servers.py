@@ -162,6 +162,7 @@ def run_cluster(workdir: Path, masters: int = 3, replicas: int = 1,
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A real 3-master, 3-replica Redis Cluster on 127.0.0.1 (shared by the session's
-    non-destructive tests; a test that kills nodes starts its own with ``run_cluster``)."""
-    with run_cluster(tmp_path_factory.mktemp("rcluster")) as c:
+    non-destructive tests; a test that kills nodes starts its own with ``run_cluster``).
+    Node timeout 2 s: a node starved of CPU on a loaded host is not failed over meanwhile."""
+    with run_cluster(tmp_path_factory.mktemp("rcluster"), node_timeout_ms=2000) as c:
         yield c

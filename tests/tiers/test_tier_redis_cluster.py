@@ -205,6 +205,9 @@ def test_cluster_urls_are_validated(tmp_path: Path) -> None:
     assert c.cfg.nodes == (("10.0.0.1", 7000), ("::1", 7001), ("node-c", 7002))
     assert (c.cfg.username, c.cfg.password, c.cfg.tls) == ("u", "p@ss", False)
     assert make_client("valkeys+cluster://h:1", 1.0).cfg.tls  # type: ignore[attr-defined]
+    from tiers.remote import RedisClient
+
+    assert isinstance(make_client("valkeys://h:1", 1.0), RedisClient)  # one server, TLS
     for bad, msg in [("redis+cluster://", "host:port"), ("redis+cluster://h", "host:port"),
                      ("redis+cluster://h:1,h", "bad node 'h'"), ("redis+cluster://h:0", "host:port"),
                      ("redis+cluster://h:1/3", "database 0"), ("redis+cluster://h:1?x=1", "query"),

@@ -7,6 +7,9 @@ policies, the policies receive the alpha tuner's replayer.
   admission.
 * ``store(config)``: the tiered store the config describes (``TierManager``).
 * ``cache(config, geometry)``: an embedded ``HybridCache`` (index + this process's bytes).
+* ``engine_cache(config, geometry)``: what an engine integration uses: the embedded cache,
+  or a ``ServerCache`` when the config names a ``cache_server`` (server mode by
+  configuration alone).
 * ``index(config, geometry, backend)``: an index alone, for a process whose bytes live
   elsewhere (a vLLM scheduler, the cache server's front).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from hybrid_connector.cache import HybridCache
+from hybrid_connector.client.server_cache import ServerCache
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.index import CacheIndex
 from hybrid_connector.index_core import Policies
@@ -45,6 +49,25 @@ def cache(config: HybridConfig, geometry: ModelGeometry, backend: Backend | None
     """An embedded cache over ``backend`` (default: the config's tiers)."""
     return HybridCache(config, geometry, backend if backend is not None else store(config),
                        policies(config, eviction, admission), layout=layout, model_id=model_id)
+
+
+EngineCache = HybridCache | ServerCache
+
+
+def engine_cache(config: HybridConfig, geometry: ModelGeometry, backend: Backend | None = None,
+                 *, eviction: EvictionPolicy | None = None,
+                 admission: AdmissionPolicy | None = None,
+                 layout: dict[str, object] | None = None, model_id: str = "") -> EngineCache:
+    """``cache`` (embedded), or a ``ServerCache`` when ``config.cache_server`` is set; then
+    the index, policies and tiers are the server's, and passing ``backend`` or policy
+    overrides is a ValueError (they would be silently ignored)."""
+    if config.cache_server is None:
+        return cache(config, geometry, backend, eviction=eviction, admission=admission,
+                     layout=layout, model_id=model_id)
+    if backend is not None or eviction is not None or admission is not None:
+        raise ValueError("cache_server is set: the tiers and policies are the server's; "
+                         "do not pass a store or policy overrides")
+    return ServerCache(config, geometry, layout=layout, model_id=model_id)
 
 
 def index(config: HybridConfig, geometry: ModelGeometry, backend: Backend, *,

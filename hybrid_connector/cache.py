@@ -288,10 +288,14 @@ class HybridCache:
         with self.store.lock:
             self.store.ledger.check()
 
-    def close(self) -> None:
-        """Wait for in-flight loads and saves, stop the policy's tuner, detach from the
-        store, then close the store."""
+    def detach(self) -> None:
+        """Wait for in-flight loads and saves, stop the policy's tuner and detach from the
+        store, which stays open (a server's other models still use it)."""
         self._io.shutdown(wait=True)
         self.executor.flush()
         self.index.close()
+
+    def close(self) -> None:
+        """``detach``, then close the store."""
+        self.detach()
         self.store.close()

@@ -1,4 +1,4 @@
-"""``hybrid-connector`` command: demo, inspect, simulate, gen-trace.
+"""``hybrid-connector`` command: demo, inspect, simulate, gen-trace, server, ping.
 
 Each subcommand lives in its own module exposing a parser hook ``hook(subparsers)`` that
 registers it with ``func=run``. ``COMMANDS`` lists only modules that exist (the server and
@@ -22,6 +22,8 @@ COMMANDS = (
     ("hybrid_connector.inspect_cmd", "add_parser"),
     ("hybrid_connector.sim.cli", "add_parser"),
     ("hybrid_connector.sim.cli", "add_gen_parser"),
+    ("hybrid_connector.server.cli", "add_parser"),
+    ("hybrid_connector.server.cli", "add_ping_parser"),
 )
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -38,53 +37,20 @@ from pydantic import (
     model_validator,
 )
 
+from hybrid_connector.config_server import ClientSettings, ServerSettings
 from hybrid_connector.remote_url import CLUSTER, check_remote_url, scheme_of
+from hybrid_connector.sizes import Bytes, parse_size
 
 log = logging.getLogger(__name__)
 
 ENV_PATH = "HYBRID_CONNECTOR_CONFIG"
 ENV_PREFIX = "HYBRID_CONNECTOR_"
 
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
-MAX_SIZE = 2**50  # 1 PiB: no pool of one process is larger; a bigger figure is a unit mistake
-
-
 class ConfigError(ValueError):
     """A configuration problem; the message names the key and the source file."""
 
 
-def parse_size(value: object, bare_unit: int = 1) -> int:
-    """Bytes from ``5GB``/``512MiB``/a number (a bare number is multiplied by ``bare_unit``).
-
-    Raises ValueError for anything that is not a finite size in ``[0, MAX_SIZE]`` bytes
-    (booleans, inf, nan, negative numbers, unknown units, more than 1 PiB)."""
-    n: int | float
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size, got {value!r}")
-    if isinstance(value, int | float):
-        n = value * bare_unit
-    elif isinstance(value, str) and (m := _SIZE_RE.match(value)) and m.group(2).lower() in _UNITS:
-        n = float(m.group(1)) * (_UNITS[m.group(2).lower()] if m.group(2) else bare_unit)
-    else:
-        raise ValueError(f"expected a size such as '5GB' or '512MiB', got {value!r}")
-    if isinstance(n, float) and not math.isfinite(n):
-        raise ValueError(f"size must be finite, got {value!r}")
-    if n < 0:
-        raise ValueError(f"size must be >= 0, got {value!r}")
-    if n > MAX_SIZE:
-        hint = " (a bare number here means GB)" if bare_unit != 1 else ""
-        raise ValueError(f"size {value!r} = {float(n):.3g} B is above the 1 PiB limit{hint}")
-    return int(n)
-
-
 GB_KEYS = ("max_local_cpu_size", "max_local_disk_size")  # a bare number is GB (LMCache)
-Bytes = Annotated[int, BeforeValidator(lambda v: parse_size(v))]
 GBytes = Annotated[int, BeforeValidator(lambda v: parse_size(v, 10**9))]
 NonNegFinite = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 KindName = Literal["kv", "state", "anchor"]  # ObjectKind values (keys.py)
@@ -187,6 +153,9 @@ class HybridConfig(_Strict):
     remote_timeout_s: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # one deadline per call
     remote_chunk_size: Bytes = Field(4 << 20, ge=64 << 10)  # cluster URLs: value chunks
     extra_config: dict[str, Any] = Field(default_factory=dict)  # free: integrations only
+    # --- the cache server (hybrid_connector.config_server) ---
+    server: ServerSettings = Field(default_factory=lambda: ServerSettings.model_validate({}))  # what `hybrid-connector server` listens on
+    cache_server: ClientSettings | None = None  # server mode: index and tiers live there
 
     @model_validator(mode="before")
     @classmethod
@@ -254,6 +223,12 @@ class HybridConfig(_Strict):
         if self.eviction == "lru" and self.alpha != "auto" and self.alpha != 0.0:
             raise ValueError("alpha is only meaningful with eviction 'marconi'")
         self._check_tiers()
+        if self.cache_server is not None:
+            local: list[str] = [k for k in ("local_disk", "remote_url", "device_size", "pools")
+                     if k in self.model_fields_set]
+            if local:
+                raise ValueError(f"cache_server is set but {_are(local)} too: in server mode "
+                                 "the tiers live in the server (configure them there)")
         return self
 
     def _check_tiers(self) -> None:

@@ -10,6 +10,7 @@ from hybrid_connector.layers import (
     GDNDims,
     Mamba1Dims,
     Mamba2Dims,
+    MLADims,
     MLPDims,
     MoEDims,
     ShortConvDims,
@@ -31,10 +32,26 @@ def attention_layer_flops(a: AttentionDims, d: int, num_tokens: int, prefix_toke
     Rotary, softmax and norms are not counted."""
     n = num_tokens
     q_out = a.num_heads * a.head_dim * (2 if a.output_gate else 1)
-    kv_out = 2 * a.num_kv_heads * a.head_dim
-    proj = 2 * n * d * (q_out + kv_out) + 2 * n * a.num_heads * a.head_dim * d
-    scores = 4 * a.num_heads * a.head_dim * _causal_context_sum(n, prefix_tokens)
+    kv_out = a.num_kv_heads * (a.head_dim + a.v_dim)
+    proj = 2 * n * d * (q_out + kv_out) + 2 * n * a.num_heads * a.v_dim * d
+    scores = 2 * a.num_heads * (a.head_dim + a.v_dim) * _causal_context_sum(n, prefix_tokens)
     return float(proj + scores)
+
+
+def mla_layer_flops(m: MLADims, num_heads: int, d: int, num_tokens: int,
+                    prefix_tokens: int) -> float:
+    """One multi-head latent attention layer: q (through ``q_lora_rank`` when set), the
+    latent + rope key projection, the per-head expansion of the latent to k_nope and v (for
+    the new tokens: an engine caches the latent and expands it once per token), QK^T over
+    ``qk_nope + qk_rope`` and PV over ``v_head_dim`` per (query, key) pair, and o_proj."""
+    n, h = num_tokens, num_heads
+    qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+    q = 2 * n * (d * m.q_lora_rank + m.q_lora_rank * h * qk) if m.q_lora_rank else 2 * n * d * h * qk
+    kv_a = 2 * n * d * (m.kv_lora_rank + m.qk_rope_head_dim)
+    kv_b = 2 * n * m.kv_lora_rank * h * (m.qk_nope_head_dim + m.v_head_dim)
+    o = 2 * n * h * m.v_head_dim * d
+    scores = 2 * h * (qk + m.v_head_dim) * _causal_context_sum(n, prefix_tokens)
+    return float(q + kv_a + kv_b + o + scores)
 
 
 def mamba2_layer_flops(m: Mamba2Dims, d: int, num_tokens: int) -> float:

@@ -42,6 +42,7 @@ from hybrid_connector.layers import (
     Mamba1Dims,
     Mamba2Dims,
     MixerKind,
+    MLADims,
     MLPDims,
     MoEDims,
     ShortConvDims,
@@ -50,6 +51,7 @@ from hybrid_connector.layers import (
 # The dims blocks, by the key they are written under (also ModelGeometry's field names).
 DIM_CLASSES: dict[str, type] = {
     "attention": AttentionDims,
+    "mla": MLADims,
     "mamba2": Mamba2Dims,
     "mamba1": Mamba1Dims,
     "gdn": GDNDims,
@@ -93,6 +95,15 @@ class AttentionSchema(_Strict):
     num_kv_heads: Dim
     head_dim: Dim
     output_gate: bool = _optional()
+    v_head_dim: Dim = _optional()
+
+
+class MLASchema(_Strict):
+    kv_lora_rank: Dim
+    qk_nope_head_dim: Dim
+    qk_rope_head_dim: Dim
+    v_head_dim: Dim
+    q_lora_rank: Dim = _optional()
 
 
 class Mamba2Schema(_Strict):
@@ -137,6 +148,7 @@ class MoESchema(_Strict):
 
 DIM_SCHEMAS: dict[str, type[_Strict]] = {
     "attention": AttentionSchema,
+    "mla": MLASchema,
     "mamba2": Mamba2Schema,
     "mamba1": Mamba1Schema,
     "gdn": GDNSchema,
@@ -206,6 +218,7 @@ class GeometrySchema(_Strict):
     state_dtype: str = _optional()
     tp_size: int = _optional()
     attention: AttentionSchema | None = None
+    mla: MLASchema | None = None
     mamba2: Mamba2Schema | None = None
     mamba1: Mamba1Schema | None = None
     gdn: GDNSchema | None = None

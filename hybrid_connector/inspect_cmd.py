@@ -1,4 +1,6 @@
-"""``hybrid-connector inspect``: what a config and a model mean in bytes, before serving.
+"""``hybrid-connector inspect``: what a config and a model mean in bytes, before serving;
+with ``--server URL``, what a running cache server holds (by model, tier and kind) and its
+hit rates.
 
 Prints the model's object sizes (KV per token, one checkpoint, anchors per token, the
 checkpoint-to-KV-token ratio), the block size vLLM's align mode would force on it, the
@@ -70,16 +72,51 @@ def report(cfg: HybridConfig, geo: ModelGeometry) -> str:
     return "\n".join(lines)
 
 
+def server_report(stats: dict[str, Any]) -> str:
+    """The ``--server`` text for a server's ``STATS`` (pure)."""
+    srv = stats["server"]
+    lines = [f"server up {srv['uptime_s']:.0f} s, {srv['sessions']} sessions, "
+             f"{srv['connections']} connections, {srv['leases']} leases"]
+    for name, t in stats["tiers"].items():
+        cap = sum(t["capacity"].values())
+        lines.append(f"tier {name:7s} {_fmt(sum(t['used'].values()))} of {_fmt(cap)} used, "
+                     f"{t['hits']} hits, {t['misses']} misses")
+    rows = [(fp, m) for fp, m in stats["models"].items()]
+    rows += [(fp, {"name": "LMCache objects", "held": h}) for fp, h in stats["plain"]["held"].items()]
+    for fp, model in rows:
+        head = f"model {model.get('name') or '?'} [{fp}]"
+        if "lookups" in model:
+            head += (f": {model['lookups']} lookups, token hit rate "
+                     f"{model['token_hit_rate']:.3f}, request hit rate {model['request_hit_rate']:.3f}")
+        lines.append(head)
+        for tier, kinds in sorted(model.get("held", {}).items()):
+            parts = [f"{k} {n} ({_fmt(b)})" for k, (n, b) in sorted(kinds.items())]
+            lines.append(f"  {tier:7s} " + ", ".join(parts))
+    return "\n".join(lines)
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("inspect", help="object sizes, vLLM block size and pool capacities of a config")
     p.add_argument("--config", help="YAML config (default: HYBRID_CONNECTOR_CONFIG or defaults)")
     p.add_argument("--model", default=None,
                    help=f"preset ({', '.join(PRESETS)}) or geometry YAML (default: config.model or qwen3.5-4b)")
     p.add_argument("--tp", type=int, default=None, help="tensor-parallel size override")
+    p.add_argument("--server", default=None, help="hc://host:port: inspect a running cache server")
+    p.add_argument("--token", default=None, help="the server's token, if it requires one")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.server:
+        from hybrid_connector.client.admin import stats
+        from hybrid_connector.client.connection import ServerRefused, ServerUnavailable
+
+        try:
+            print(server_report(stats(args.server, args.token)))
+        except (ServerUnavailable, ServerRefused, ValueError) as exc:
+            print(f"hybrid-connector inspect: {args.server}: {exc}")
+            return 1
+        return 0
     cfg = load_config(args.config)
     geo = load_geometry(args.model or cfg.model or "qwen3.5-4b", tp_size=args.tp)
     print(report(cfg, geo))

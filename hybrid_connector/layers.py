@@ -106,13 +106,37 @@ class FFNKind(StrEnum):
 
 @dataclass(frozen=True)
 class AttentionDims:
-    """Attention geometry. ``output_gate``: q_proj also emits a sigmoid gate of the same width
-    (Qwen3.5, Qwen3-Next), which doubles the q projection FLOPs but not the KV."""
+    """Attention geometry: what the KV cache holds per layer and token, ``num_kv_heads`` K
+    heads of ``head_dim`` and as many V heads of ``v_head_dim`` (0: ``head_dim``).
+    ``output_gate``: q_proj also emits a sigmoid gate of the same width (Qwen3.5,
+    Qwen3-Next), which doubles the q projection FLOPs but not the KV. With multi-head
+    latent attention (``ModelGeometry.mla``) the cache holds the compressed latent as one
+    "K" head of ``kv_lora_rank`` and the shared rotary key as one "V" head of
+    ``qk_rope_head_dim`` (transformers' layout), and FLOPs come from ``MLADims``."""
 
     num_heads: int
     num_kv_heads: int
     head_dim: int
     output_gate: bool = False
+    v_head_dim: int = 0
+
+    @property
+    def v_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+
+@dataclass(frozen=True)
+class MLADims:
+    """Multi-head latent attention (DeepSeek-V2 style, Kimi Linear): queries from
+    ``q_lora_rank`` (0: a plain q projection), keys and values expanded per head from a
+    ``kv_lora_rank`` latent (``qk_nope_head_dim`` + ``v_head_dim`` per head) plus one shared
+    ``qk_rope_head_dim`` rotary key. Only FLOPs read it; the cache is ``AttentionDims``'."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
 
 
 @dataclass(frozen=True)

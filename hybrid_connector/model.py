@@ -32,6 +32,7 @@ from hybrid_connector.flops import (
     gdn_layer_flops,
     mamba1_layer_flops,
     mamba2_layer_flops,
+    mla_layer_flops,
     mlp_layer_flops,
     moe_layer_flops,
     ref_attn_flops,
@@ -60,6 +61,7 @@ from hybrid_connector.layers import (
     Mamba1Dims,
     Mamba2Dims,
     MixerKind,
+    MLADims,
     MLPDims,
     MoEDims,
     ShortConvDims,
@@ -70,10 +72,17 @@ from hybrid_connector.layers import (
 
 __all__ = [
     "AttentionDims", "FFNKind", "FlopBreakdown", "GDNDims", "LayerSpec", "MLPDims", "Mamba1Dims",
-    "Mamba2Dims", "MixerKind", "ModelGeometry", "MoEDims", "ShortConvDims", "TensorSpec",
+    "Mamba2Dims", "MixerKind", "MLADims", "ModelGeometry", "MoEDims", "ShortConvDims", "TensorSpec",
     "dtype_bytes", "ref_attn_flops", "ref_kv_bytes", "ref_mamba_flops", "ref_mlp_flops",
     "ref_state_bytes", "ref_node_efficiency", "ref_node_memory", "ref_node_savings",
 ]
+
+
+# Dims fields for which 0 means "absent" (the rest must be >= 1).
+_MAY_BE_ZERO = frozenset({"shared_intermediate_size", "v_head_dim", "q_lora_rank"})
+# Fields left out of ``to_dict`` (and so of the fingerprint) at their default of 0, so that
+# adding them did not change the fingerprint of models that do not use them.
+_OMIT_ZERO = frozenset({("attention", "v_head_dim"), ("mla", "q_lora_rank")})
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,7 @@ class ModelGeometry:
     state_dtype: str = "float32"
     tp_size: int = 1
     mamba1: Mamba1Dims | None = None
+    mla: MLADims | None = None  # multi-head latent attention: FLOPs (the cache is `attention`)
     # Memo for the derived figures (the dataclass is frozen, so they never go stale); policies
     # query them per node on hot paths.
     _memo: dict[object, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -127,7 +137,7 @@ class ModelGeometry:
                 v = getattr(dims, f.name)
                 if isinstance(v, bool):
                     continue
-                floor = 0 if f.name == "shared_intermediate_size" else 1
+                floor = 0 if f.name in _MAY_BE_ZERO else 1
                 if not isinstance(v, int) or v < floor:
                     raise ValueError(f"{self.name}: {key}.{f.name} must be an integer >= {floor}, got {v!r}")
         a = self.attention
@@ -251,7 +261,10 @@ class ModelGeometry:
         n, d = num_tokens, self.hidden_size
         acc = dict.fromkeys((f.name for f in fields(FlopBreakdown)), 0.0)
         counts = self.layer_counts()
-        if self.attention is not None:
+        if self.mla is not None and self.attention is not None:
+            acc["attention"] = counts["attention"] * mla_layer_flops(
+                self.mla, self.attention.num_heads, d, n, prefix_tokens)
+        elif self.attention is not None:
             acc["attention"] = counts["attention"] * attention_layer_flops(self.attention, d, n, prefix_tokens)
         if self.mamba2 is not None:
             acc["mamba2"] = counts["mamba2"] * mamba2_layer_flops(self.mamba2, d, n)
@@ -302,7 +315,8 @@ class ModelGeometry:
         for key, cls in DIM_CLASSES.items():
             dims = getattr(self, key)
             if dims is not None:
-                out[key] = {f.name: getattr(dims, f.name) for f in fields(cls)}
+                out[key] = {f.name: getattr(dims, f.name) for f in fields(cls)
+                            if not ((key, f.name) in _OMIT_ZERO and getattr(dims, f.name) == 0)}
         out["dtype"] = self.dtype
         out["state_dtype"] = self.state_dtype
         out["tp_size"] = self.tp_size

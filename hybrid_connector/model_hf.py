@@ -14,6 +14,7 @@ from hybrid_connector.layers import (
     Mamba1Dims,
     Mamba2Dims,
     MixerKind,
+    MLADims,
     MLPDims,
     MoEDims,
     ShortConvDims,
@@ -30,11 +31,11 @@ _RECURRENT_NAMES = frozenset({"mamba", "linear_attention", "mamba2", "M"})
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next", "nemotron_h",
     "bamba", "jamba", "falcon_h1", "granitemoehybrid", "lfm2", "lfm2_moe", "olmo_hybrid",
-    "zamba2", "mamba", "mamba2", "falcon_mamba",
+    "zamba2", "mamba", "mamba2", "falcon_mamba", "kimi_linear",
 )  # fmt: skip
 
-# Hybrid families transformers implements that the connector refuses, and why. (Kimi Linear
-# and Bailing-hybrid are refused by :func:`refuse_unsupported_attention`: MLA.)
+# Hybrid families transformers implements that the connector refuses, and why. (Bailing-hybrid
+# is refused by :func:`refuse_unsupported_attention`: MLA without a mapped cache layout.)
 _REFUSED: dict[str, str] = {
     "zamba": "its hybrid layers pair a shared attention block with a multi-head Mamba (v1) "
              "mixer whose state is [heads, d_inner / heads, d_state], a layer kind the geometry "
@@ -110,9 +111,9 @@ def refuse_unsupported_attention(cfg: Any) -> None:
 
     * indexed attention (``layer_types`` entry ``"indexed_attention"``: DSA sparse attention,
       GLM-5-Next, Qwen4-Exp, DeepSeek-V3.2): the cache layer also holds indexer keys;
-    * multi-head latent attention (``kv_lora_rank``, Kimi Linear, Bailing hybrid, DeepSeek)
-      or a V head size other than the QK head size (``v_head_dim``): K and V have different
-      head sizes, and a KV chunk holds one head shape for both.
+    * multi-head latent attention (``kv_lora_rank``: Bailing hybrid, DeepSeek) or a V head
+      size other than the QK head size (``v_head_dim``), except Kimi Linear, whose cache
+      layout (latent as K, rotary key as V) the geometry maps (``_kimi_linear``).
     """
     mt = str(getattr(cfg, "model_type", ""))
     text = getattr(cfg, "text_config", None) or cfg  # multimodal wrappers: the decoder's
@@ -123,6 +124,8 @@ def refuse_unsupported_attention(cfg: Any) -> None:
             f"{mt}: layer {indexed[0]} is indexed attention (sparse attention with a DSA indexer; "
             f"{len(indexed)} such layers): its cache also holds indexer keys, which KV chunks "
             "neither save nor restore; not supported")
+    if mt == "kimi_linear":  # MLA with its cache layout mapped (see _kimi_linear)
+        return
     lora = getattr(text, "kv_lora_rank", None)
     v_dim = getattr(text, "v_head_dim", None)
     qk_dim = getattr(text, "qk_head_dim", None)
@@ -138,8 +141,36 @@ def refuse_unsupported_attention(cfg: Any) -> None:
     if why:
         first = next((i for i, t in enumerate(types) if t in _ATTENTION_LAYER_TYPES), 0)
         raise ValueError(
-            f"{mt}: layer {first} is attention whose K and V head sizes differ ({'; '.join(why)}),"
-            " and a KV chunk holds one head shape for both; not supported")
+            f"{mt}: layer {first} is attention whose K and V head sizes differ ({'; '.join(why)}):"
+            " only Kimi Linear's cache layout for that is mapped (latent as K, rotary key as V);"
+            " not supported")
+
+
+def _kimi_linear(cfg: Any, kw: dict[str, Any], layers: list[LayerSpec]) -> None:
+    """Kimi Linear: MLA attention layers, whose cache holds the ``kv_lora_rank`` latent as
+    one K head and the ``qk_rope_head_dim`` rotary key as one V head, and KDA layers (Kimi
+    Delta Attention: a Gated DeltaNet with per-channel decay, so its state is GDN's: one
+    causal conv over q, k, v of ``linear_num_heads x linear_head_dim`` each, and a per-head
+    ``head_dim x head_dim`` fp32 state). FFN: dense MLP, or MoE with shared experts."""
+    heads = int(cfg.num_attention_heads)
+    kw["attention"] = AttentionDims(heads, 1, int(cfg.kv_lora_rank),
+                                    v_head_dim=int(cfg.qk_rope_head_dim))
+    kw["mla"] = MLADims(int(cfg.kv_lora_rank), int(cfg.qk_nope_head_dim),
+                        int(cfg.qk_rope_head_dim), int(cfg.v_head_dim),
+                        int(_cfg_get(cfg, "q_lora_rank", 0)))
+    lh, ld = int(cfg.linear_num_heads), int(cfg.linear_head_dim)
+    kw["gdn"] = GDNDims(lh, lh, ld, ld, int(cfg.linear_conv_kernel_dim))
+    kw["mlp"] = MLPDims(int(cfg.intermediate_size))
+    ffn_types = list(cfg.mlp_layer_types)
+    if "sparse" in ffn_types:
+        kw["moe"] = MoEDims(int(cfg.num_local_experts), int(cfg.num_experts_per_tok),
+                            int(cfg.moe_intermediate_size),
+                            int(cfg.moe_intermediate_size) * int(_cfg_get(cfg, "n_shared_experts", 0)))
+    for i, (t, f) in enumerate(zip(cfg.layer_types, ffn_types, strict=True)):
+        if t not in ("full_attention", "linear_attention"):
+            raise ValueError(f"kimi_linear: layer {i} has unsupported layer type {t!r}")
+        layers.append(LayerSpec(i, MixerKind.ATTENTION if t == "full_attention" else MixerKind.GDN,
+                                FFNKind.MOE if f == "sparse" else FFNKind.MLP))
 
 
 def geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
@@ -189,6 +220,9 @@ def geometry_kwargs_from_hf(cfg: Any) -> dict[str, Any]:
                 raise ValueError(f"{mt}: layer {i} has unsupported layer type {t!r}")
             is_moe = num_experts > 0 and i not in mlp_only and (i + 1) % step == 0
             layers.append(LayerSpec(i, mixer, FFNKind.MOE if is_moe else FFNKind.MLP))
+
+    elif mt == "kimi_linear":
+        _kimi_linear(cfg, kw, layers)
 
     elif mt == "nemotron_h":
         kw["attention"] = _hf_attention(cfg)

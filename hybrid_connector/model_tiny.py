@@ -24,7 +24,7 @@ TINY_ARCHS: tuple[str, ...] = (
 # Also buildable, hybrid (attention and recurrent layers), not in TINY_ARCHS: LFM2 and
 # LFM2-MoE (gated short conv + attention), OLMo-hybrid (Gated DeltaNet + attention), Zamba2
 # (Mamba2 layers; hybrid layers add a shared attention block).
-EXTRA_TINY_ARCHS: tuple[str, ...] = ("lfm2", "lfm2_moe", "olmo_hybrid", "zamba2")
+EXTRA_TINY_ARCHS: tuple[str, ...] = ("lfm2", "lfm2_moe", "olmo_hybrid", "zamba2", "kimi_linear")
 
 # Multimodal checkpoint classes (Qwen3.5 / Qwen3.5-MoE ``...ForConditionalGeneration``): the
 # tiny Qwen3.5 text decoder inside the wrapper config, with a one-block vision tower.
@@ -173,6 +173,21 @@ def _tiny_kwargs(arch: str) -> tuple[str, dict[str, Any]]:
             "num_experts_per_tok": 2,
             "layer_types": ["conv", "conv", "full_attention", "conv"],
             "conv_L_cache": 3,
+        }
+    if arch == "kimi_linear":  # MLA (16-wide latent, 8-wide rope key) at layer 2, KDA elsewhere
+        return "KimiLinearConfig", {
+            **_COMMON,
+            "num_key_value_heads": 4,
+            "intermediate_size": 128,
+            "moe_intermediate_size": 32,
+            "num_hidden_layers": 4,
+            "layer_types": ["linear_attention", "linear_attention", "full_attention",
+                            "linear_attention"],
+            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+            "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16, "v_head_dim": 16,
+            "linear_head_dim": 16, "linear_num_heads": 4, "linear_conv_kernel_dim": 4,
+            "num_local_experts": 4, "num_experts_per_tok": 2,
         }
     if arch == "olmo_hybrid":
         return "OlmoHybridConfig", {

@@ -74,19 +74,21 @@ def kv_heads_per_rank(g: Geometry) -> int:
 
 
 def kv_layout(g: Geometry, num_tokens: int) -> tuple[TensorSpec, ...]:
-    """Per attention layer, K then V, each ``[num_tokens, kv_heads_per_rank, head_dim]``
-    in ``dtype``. Names are ``layers.{i}.k`` / ``layers.{i}.v``."""
+    """Per attention layer, K ``[num_tokens, kv_heads_per_rank, head_dim]`` then V (the same
+    with ``v_dim``) in ``dtype``. Names are ``layers.{i}.k`` / ``layers.{i}.v``."""
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     idx = g.attention_layers
     if not idx:
         return ()
     assert g.attention is not None
-    shape = (num_tokens, kv_heads_per_rank(g), g.attention.head_dim)
+    heads = kv_heads_per_rank(g)
+    k_shape = (num_tokens, heads, g.attention.head_dim)
+    v_shape = (num_tokens, heads, g.attention.v_dim)
     out: list[TensorSpec] = []
     for i in idx:
-        out.append(TensorSpec(f"layers.{i}.k", shape, g.dtype))
-        out.append(TensorSpec(f"layers.{i}.v", shape, g.dtype))
+        out.append(TensorSpec(f"layers.{i}.k", k_shape, g.dtype))
+        out.append(TensorSpec(f"layers.{i}.v", v_shape, g.dtype))
     return tuple(out)
 
 

@@ -21,15 +21,44 @@ Saves are keyed by the request's ``ChainHasher``, so each costs O(new tokens).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.hashes import ChainHasher
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.discovery import Found
+from hybrid_connector.hashes import ChainHasher, Hashes
 from hybrid_connector.index_core import Lease
 from hybrid_connector.keys import ObjectKind, as_tokens
 from hybrid_connector.plan import LoadPlan, LoadResult, SaveItem, SaveResult
+from hybrid_connector.policies.base import SavePlan
+
+
+class SessionCache(Protocol):
+    """What a session drives: ``HybridCache`` (embedded) or ``ServerCache`` (server mode),
+    with the contracts ``HybridCache`` documents."""
+
+    @property
+    def config(self) -> HybridConfig: ...
+    def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,
+                 alignment: int | None = None) -> Found: ...
+    def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None,
+               replay: bool | None = None) -> LoadPlan: ...
+    def record_lookup(self, plan: LoadPlan) -> None: ...
+    def plan_saves(self, tokens: Sequence[int] | np.ndarray,
+                   alignment: int | None = None) -> SavePlan: ...
+    def acquire(self, plan: LoadPlan) -> Lease | None: ...
+    def load(self, plan: LoadPlan) -> LoadResult: ...
+    def release(self, lease: Lease | None) -> None: ...
+    def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem],
+             hashes: Hashes | None = None, start: tuple[int, int] | None = None
+             ) -> SaveResult: ...
+    def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int: ...
+    def finish(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = (),
+               prompt_len: int | None = None, hashes: Hashes | None = None,
+               start: tuple[int, int] | None = None) -> SaveResult: ...
+
 
 KVFn = Callable[[int, int], torch.Tensor]  # payload of the KV chunk [start, end)
 Gate = Callable[[LoadPlan], bool]  # may an approximate (replay) plan be used?
@@ -58,7 +87,7 @@ class RequestSession:
     used (without one, approximate plans are used only when replay is on); ``record``:
     count the lookup in the cache's statistics. Not thread safe."""
 
-    def __init__(self, cache: HybridCache, prompt: Sequence[int] | np.ndarray, *,
+    def __init__(self, cache: SessionCache, prompt: Sequence[int] | np.ndarray, *,
                  alignment: int | None = None, replay: bool | None = None,
                  gate: Gate | None = None, record: bool = True) -> None:
         self.cache = cache

@@ -10,9 +10,11 @@ set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"
 LMCACHE_VERSION="0.5.6"
-# What `import lmcache.v1.protocol, lmcache.v1.server.__main__` pulls in beyond
+# What `import lmcache.v1.protocol, lmcache.v1.server.__main__` and LMCache's own lm://
+# connector and local backends (the interop tests drive them) pull in beyond
 # torch/numpy/pyyaml (checked with sys.modules after the import).
-LIGHT_DEPS=(sortedcontainers numba cachetools prometheus_client py-cpuinfo psutil aiohttp requests)
+LIGHT_DEPS=(sortedcontainers numba cachetools prometheus_client py-cpuinfo psutil aiohttp requests
+            aiofile cryptography)
 
 die() { echo "install_servers.sh: $*" >&2; exit 1; }
 
@@ -25,6 +27,8 @@ import importlib.metadata as md, sys
 try:
     ok = md.version("lmcache") == "0.5.6"
     import lmcache.v1.protocol, lmcache.v1.server.__main__  # noqa: F401
+    import lmcache.v1.storage_backend.connector.lm_connector  # noqa: F401
+    import lmcache.v1.storage_backend.local_cpu_backend  # noqa: F401
 except Exception:
     ok = False
 sys.exit(0 if ok else 1)

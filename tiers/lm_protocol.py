@@ -28,6 +28,22 @@ FMT_BINARY = 4  # MemoryFormat.BINARY: the shape is [length, 0, 0, 0] and kept v
 DTYPE_UINT8 = 6  # protocol.DTYPE_TO_INT[torch.uint8]
 MODEL_NAME = "hybrid-connector"
 MANIFEST_MODEL_NAME = "hybrid-connector-manifest"  # manifests (tiers.manifest): own key space
+# The object kind rides in the key's model field (``hybrid-connector-state``): a plain server
+# keys by the whole string and ignores it; our cache server puts each kind in its own pool.
+KIND_MODEL_PREFIX = MODEL_NAME + "-"
+
+
+def kind_model(kind: str) -> str:
+    """The model field of an object of ``kind`` (an ``ObjectKind`` value)."""
+    return KIND_MODEL_PREFIX + kind
+
+
+def kind_of_model(model: str) -> str | None:
+    """The object kind a key's model field carries (None: a plain LMCache key)."""
+    if model.startswith(KIND_MODEL_PREFIX):
+        kind = model[len(KIND_MODEL_PREFIX):]
+        return kind if kind in ("kv", "state", "anchor") else None
+    return None
 
 
 class Command(IntEnum):

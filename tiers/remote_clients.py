@@ -116,7 +116,7 @@ class LmClient(RemoteClient):
         self._closed = False
 
     def name_for(self, key: ObjectKey) -> str:
-        return lm_protocol.key_string(key.digest())
+        return lm_protocol.key_string(key.digest(), lm_protocol.kind_model(key.kind.value))
 
     @staticmethod
     def manifest_key(name: str) -> str:

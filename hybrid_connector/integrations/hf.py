@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from hybrid_connector import assemble
-from hybrid_connector.cache import HybridCache
+from hybrid_connector.assemble import EngineCache
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.integrations.hf_anchors import AnchorLayout, AnchorRecorder
 from hybrid_connector.integrations.hf_replay import gather_anchors, refuse_replay, replay_states
@@ -116,7 +116,7 @@ class HFRuntime:
     to 1 (``config.alignment`` is for paged engines such as vLLM).
     """
 
-    def __init__(self, model: Any, cache: HybridCache, *, anchors: bool | None = None,
+    def __init__(self, model: Any, cache: EngineCache, *, anchors: bool | None = None,
                  gate: ReplayGate | None = None, alignment: int = 1) -> None:
         if alignment <= 0:
             raise ValueError(f"alignment must be positive, got {alignment}")
@@ -136,15 +136,16 @@ class HFRuntime:
         self.recorder = AnchorRecorder(model, self.layout).attach() if want else None
 
     @classmethod
-    def create(cls, model: Any, config: HybridConfig, store: Backend, *,
+    def create(cls, model: Any, config: HybridConfig, store: Backend | None = None, *,
                anchors: bool | None = None, gate: ReplayGate | None = None,
                alignment: int = 1, **cache_kwargs: Any) -> HFRuntime:
-        """Build the ``HybridCache`` for ``model`` (geometry and layout fingerprinted) and
-        the runtime over it."""
+        """Build the cache for ``model`` (geometry and layout fingerprinted; embedded over
+        ``store``, default the config's tiers, or a ``ServerCache`` when the config names a
+        ``cache_server``) and the runtime over it."""
         geometry = geometry_for(model)
         adapter = HFStateAdapter(model, geometry)
         layout = {"engine": "transformers", **anchor_layout(model, config, adapter).fingerprint()}
-        cache = assemble.cache(config, geometry, store, layout=layout, **cache_kwargs)
+        cache = assemble.engine_cache(config, geometry, store, layout=layout, **cache_kwargs)
         return cls(model, cache, anchors=anchors, gate=gate, alignment=alignment)
 
     def close(self) -> None:

@@ -1,11 +1,12 @@
 """Read and write attention KV and recurrent state in a transformers hybrid model's cache.
 
 transformers 5.x gives every hybrid family (Qwen3.5, Qwen3-Next, Nemotron-H, Bamba, Jamba,
-Falcon-H1, GraniteMoeHybrid, LFM2(-MoE), OLMo-hybrid, Zamba2) and the pure state-space LMs
-(Mamba, Mamba2, FalconMamba: the cache is their ``cache_params``, see :func:`model_forward`)
-one cache type, ``DynamicCache``, whose per-layer objects are
+Falcon-H1, GraniteMoeHybrid, LFM2(-MoE), OLMo-hybrid, Zamba2, Kimi Linear) and the pure
+state-space LMs (Mamba, Mamba2, FalconMamba: the cache is their ``cache_params``, see
+:func:`model_forward`) one cache type, ``DynamicCache``, whose per-layer objects are
 
-* ``DynamicLayer`` (attention): ``keys``/``values`` ``[batch, kv_heads, seq, head_dim]``;
+* ``DynamicLayer`` (attention): ``keys``/``values`` ``[batch, kv_heads, seq, head_dim]``
+  (Kimi Linear's MLA: the latent as keys, the rotary key as values, of other widths);
 * ``LinearAttentionLayer`` (GDN, Mamba2, Mamba1): ``conv_states[i]`` ``[batch, channels,
   conv_kernel]`` and ``recurrent_states[i]``, for ``i < number_of_states``; layers without a
   mixer (Nemotron-H MLP/MoE blocks) leave them ``None``;
@@ -17,15 +18,14 @@ cache (``probe``), checks that every tensor it holds is the part that the geomet
 layout (``hybrid_connector.layout``, the one description of the bytes) says, and then
 converts between the model's cache objects and payloads of exactly those layouts:
 
-* **KV chunk** ``[s, e)``: ``layout.kv_layout(geometry, e - s)``: per attention layer (layer
-  order), K then V, each token-major ``[e - s, kv_heads, head_dim]``.
+* **KV chunk** ``[s, e)``: ``layout.kv_layout(geometry, e - s)``: per attention layer, K
+  then V, token-major ``[e - s, kv_heads, head_dim]`` (V: ``v_dim``).
 * **State checkpoint**: ``layout.state_layout(geometry)``: per recurrent layer (layer order)
   the conv state's last ``kernel - 1`` columns ``[channels, kernel - 1]`` (the oldest column
   transformers keeps is never read by the causal conv of the next step) then the recurrent
   state. Restoring pads the conv state back to the kernel width with a zero column.
 
-The bytes move through ``kernels/`` (see ``hf_pack``): row gathers and scatters for KV and
-conv states, page copies for recurrent states.
+The bytes move through ``kernels/`` (``hf_pack``): row gathers and scatters, page copies.
 
 A state can only be read where the model stopped: to checkpoint at an intermediate
 position p, the runtime splits the prefill at p (run ``[0, p)``, ``extract_state``,
@@ -76,10 +76,12 @@ class RecurrentSlot:
 
 @dataclass(frozen=True)
 class AttentionSlot:
+    """One attention layer's cache: ``kv_heads`` heads of K ``head_dim``, V ``v_dim`` wide."""
     layer: int
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
+    v_dim: int = 0
 
 
 # Where transformers keeps the decoder stack: causal LMs under ``model`` (``model.layers``),
@@ -146,7 +148,8 @@ class HFStateAdapter:
     Raises ValueError at construction when the model's cache does not have the layer kinds
     the geometry says (wrong geometry, or a cache class this adapter does not know), or has
     a layer a KV chunk cannot hold: sliding-window attention, indexed (DSA) attention, or K
-    and V of different head shapes (multi-head latent attention).
+    and V of different head counts. K and V of different head sizes (multi-head latent
+    attention's latent and rotary key) are held when the geometry's ``v_head_dim`` says so.
     """
 
     def __init__(self, model: Any, geometry: ModelGeometry) -> None:
@@ -178,9 +181,11 @@ class HFStateAdapter:
         rec: list[RecurrentSlot] = []
         for i, layer in enumerate(cache.layers):
             self._refuse_layer(i, layer)
-            keys = getattr(layer, "keys", None)
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
             if isinstance(keys, torch.Tensor) and keys.numel() > 0:
-                att.append(AttentionSlot(i, int(keys.shape[1]), int(keys.shape[3]), keys.dtype))
+                v_dim = int(values.shape[3]) if isinstance(values, torch.Tensor) else 0
+                att.append(AttentionSlot(i, int(keys.shape[1]), int(keys.shape[3]), keys.dtype,
+                                         v_dim))
             convs = getattr(layer, "conv_states", None)
             if isinstance(convs, dict):
                 for j in sorted(convs):
@@ -195,11 +200,14 @@ class HFStateAdapter:
                     ))
         self.attention, self.recurrent = tuple(att), tuple(rec)
 
+    def _where(self) -> str:  # model class and architecture, for errors
+        return f"{type(self.model).__name__} ({getattr(self.model.config, 'model_type', '?')})"
+
     def _refuse_layer(self, i: int, layer: Any) -> None:
         """ValueError for a probed cache layer whose contents a KV chunk cannot hold, naming
         the model, architecture, layer and reason (refused here, at construction, rather
         than failing in :func:`pack` or losing data on the first save)."""
-        where = f"{type(self.model).__name__} ({getattr(self.model.config, 'model_type', '?')})"
+        where = self._where()
         if getattr(layer, "is_sliding", False):
             raise ValueError(f"{where}: layer {i} is sliding-window attention, which the "
                              "adapter does not support")
@@ -207,28 +215,28 @@ class HFStateAdapter:
             raise ValueError(f"{where}: layer {i} is indexed attention (sparse attention with a "
                              "DSA indexer): its cache also holds indexer keys, which KV chunks "
                              "neither save nor restore")
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if (isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor) and keys.dim() == 4
-                and values.dim() == 4 and keys.shape[1::2] != values.shape[1::2]):
-            raise ValueError(
-                f"{where}: layer {i} caches K of {keys.shape[1]} x {keys.shape[3]} and V of "
-                f"{values.shape[1]} x {values.shape[3]} (heads x head size) per token: K and V "
-                "head sizes differ (e.g. multi-head latent attention), and a KV chunk holds "
-                "one head shape for both")
+        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.shape[1] != v.shape[1]:
+            raise ValueError(f"{where}: layer {i} caches {k.shape[1]} K heads and {v.shape[1]} V "
+                             "heads: a KV chunk holds as many V heads as K heads")
 
     def _check_layout(self) -> None:
         """ValueError unless every tensor the cache holds is the part the geometry's layout
         says (shape without batch, dtype; the conv state ``kernel - 1`` wide), naming the
         layer: the adapter packs exactly ``layout.kv_layout`` / ``layout.state_layout``."""
-        where = type(self.model).__name__
+        where = self._where()
         kv = kv_layout(self.geometry, 1)
         for a in self.attention:
-            part = kv.part(f"layers.{a.layer}.k")
-            have = ((1, a.kv_heads, a.head_dim), a.dtype)
-            if have != (part.shape, part.torch_dtype):
-                raise ValueError(f"{where}: layer {a.layer} caches K/V of {a.kv_heads} x "
-                                 f"{a.head_dim} {a.dtype} per token, the geometry's layout says "
-                                 f"{part.shape[1]} x {part.shape[2]} {part.torch_dtype}")
+            for name, dim in (("k", a.head_dim), ("v", a.v_dim)):
+                part = kv.part(f"layers.{a.layer}.{name}")
+                have = ((1, a.kv_heads, dim), a.dtype)
+                if have != (part.shape, part.torch_dtype):
+                    raise ValueError(
+                        f"{where}: layer {a.layer} caches {name.upper()} of {a.kv_heads} x {dim} "
+                        f"{a.dtype} per token, the geometry's layout says {part.shape[1]} x "
+                        f"{part.shape[2]} {part.torch_dtype}"
+                        + (" (K and V head sizes differ: give the geometry's attention a "
+                           "v_head_dim)" if a.v_dim != a.head_dim else ""))
         seen: set[int] = set()
         for s in self.recurrent:
             if s.layer in seen:
@@ -327,8 +335,8 @@ class HFStateAdapter:
         cache = new_model_cache(self.model)
         device = next(self.model.parameters()).device
         if self.attention and num_tokens > 0:
-            bufs = [torch.empty((1, a.kv_heads, num_tokens, a.head_dim), dtype=a.dtype, device=device)
-                    for a in self.attention for _ in range(2)]
+            bufs = [torch.empty((1, a.kv_heads, num_tokens, dim), dtype=a.dtype, device=device)
+                    for a in self.attention for dim in (a.head_dim, a.v_dim)]
             pos = 0
             for payload, (s, e) in zip(kv_payloads, kv_ranges, strict=True):
                 if s != pos:

@@ -422,6 +422,9 @@ def _published_hf_configs() -> dict[str, Any]:
             mamba_num_heads=128, mamba_head_dim=64, ssm_state_size=128, n_groups=8,
             vocab_size=131072, dtype="bfloat16",
         ),
+        "kimi-linear-48b-a3b": tf.KimiLinearConfig(dtype="bfloat16", linear_attn_config={
+            "full_attn_layers": [4, 8, 12, 16, 20, 24, 27], "head_dim": 128, "num_heads": 32,
+            "kda_layers": [i for i in range(1, 28) if i % 4 and i != 27]}),
         "jamba-1.5-mini": tf.JambaConfig(dtype="bfloat16", mamba_dt_rank=256),
         "bamba-9b": tf.BambaConfig(
             attn_layer_indices=[9, 18, 27], mamba_d_state=128, vocab_size=128256, dtype="bfloat16",
@@ -429,7 +432,8 @@ def _published_hf_configs() -> dict[str, Any]:
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["qwen3.5-4b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-1.5-mini", "bamba-9b"])
+@pytest.mark.parametrize("name", ["qwen3.5-4b", "qwen3-next-80b-a3b", "nemotron-h-8b", "jamba-1.5-mini",
+                                  "bamba-9b", "kimi-linear-48b-a3b"])
 def test_from_hf_config_matches_presets(name: str) -> None:
     cfg = _published_hf_configs()[name]
     assert ModelGeometry.from_hf_config(cfg).fingerprint_fields() == get_preset(name).fingerprint_fields()
@@ -447,7 +451,6 @@ def test_from_hf_config_errors_and_overrides() -> None:
 
 
 @pytest.mark.parametrize(("cls", "arch", "layer", "why"), [
-    ("KimiLinearConfig", "kimi_linear", 4, r"K and V head sizes differ \(multi-head latent attention, kv_lora_rank=512; QK head size 192 != V head size 128\)"),
     ("BailingHybridConfig", "bailing_hybrid", 5, "multi-head latent attention"),
     ("DeepseekV3Config", "deepseek_v3", 0, "multi-head latent attention"),
     ("MiMoV2FlashConfig", "mimo_v2_flash", 0, r"QK head size 192 != V head size 128"),
@@ -456,6 +459,7 @@ def test_from_hf_config_errors_and_overrides() -> None:
     ("DeepseekV32Config", "deepseek_v32", 0, "indexed attention"),
 ])  # fmt: skip
 def test_from_hf_config_refuses_mla_and_indexed_attention(cls: str, arch: str, layer: int, why: str) -> None:
+    # Kimi Linear's MLA is supported (its cache layout is mapped): tests/hf/test_exact.py.
     """Attention a KV chunk cannot hold is refused by name, layer and reason (the published
     default configs of the real classes), before the architecture is even looked up."""
     import transformers as tf
@@ -646,3 +650,19 @@ def test_new_hybrid_families_layer_kinds(arch: str, kinds: list[str]) -> None:
     assert preset.architecture == arch
     if arch in ("mamba", "mamba2", "falcon_mamba"):  # state-only: no KV at all
         assert not g.attention_layers and g.kv_bytes_per_token() == 0 and g.state_bytes() > 0
+
+
+def test_kimi_linear_mla_geometry_bytes_and_flops() -> None:
+    """MLA: the cache holds the 512-wide latent and the 64-wide rotary key per layer and
+    token (not 32 heads of K and V); FLOPs follow the latent's per-head expansion."""
+    g = get_preset("kimi-linear-48b-a3b")
+    assert g.attention is not None and g.mla is not None
+    assert g.kv_bytes_per_token() == 7 * (512 + 64) * 2
+    assert [t.shape for t in g.kv_layout(3)[:2]] == [(3, 1, 512), (3, 1, 64)]
+    one, two = g.flops_saved(1000).attention, g.flops_saved(2000).attention
+    assert 2 * one < two < 4 * one  # projections linear, scores quadratic in the tokens
+    # without the MLA block the cache would be costed as plain attention over one 512-wide head
+    plain = ModelGeometry(**{k: getattr(g, k) for k in (
+        "name", "architecture", "hidden_size", "vocab_size", "layers", "attention", "gdn", "mlp",
+        "moe", "dtype", "state_dtype")})
+    assert plain.flops_saved(1000).attention != one

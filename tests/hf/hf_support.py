@@ -30,7 +30,7 @@ ARCHS = ("qwen3_5", "qwen3_next", "nemotron_h", "bamba", "jamba", "falcon_h1", "
 # Added with issue 16, covered by the exactness tests (branch point, finished request, tiers):
 # the multimodal checkpoint classes and the further hybrid families.
 NEW_ARCHS = ("qwen3_5_vl", "qwen3_5_moe_vl", "lfm2_moe", "olmo_hybrid", "zamba2", "mamba",
-             "mamba2", "falcon_mamba")
+             "mamba2", "falcon_mamba", "kimi_linear")
 ALL_ARCHS = ARCHS + NEW_ARCHS
 
 

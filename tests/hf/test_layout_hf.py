@@ -194,7 +194,7 @@ def test_cuda_kernels_give_the_torch_bytes(host: Any, arch: str) -> None:
 
 
 @pytest.mark.parametrize(("over", "why"), [
-    ({"dtype": "bfloat16"}, r"layer \d+ caches K/V of 2 x \d+ torch.float32 per token, the "
+    ({"dtype": "bfloat16"}, r"layer \d+ caches K of 2 x \d+ torch.float32 per token, the "
                             r"geometry's layout says 2 x \d+ torch.bfloat16"),
     ({"state_dtype": "bfloat16"}, r"layer 0 recurrent state .*torch.float32.*, the geometry's "
                                   r"layout says .*torch.bfloat16"),

@@ -110,7 +110,7 @@ def test_lmcache_own_client_reads_what_we_wrote(lmcache_server: str) -> None:
     assert tier.put([(k, v)]) == [True]
     host, port = lmcache_server.removeprefix("lm://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as s:
-        name = lm_protocol.key_string(k.digest()).encode().ljust(150)
+        name = lm_protocol.key_string(k.digest(), lm_protocol.kind_model(k.kind.value)).encode().ljust(150)
         s.sendall(struct.pack("iiiiiiiii150s", 2, 0, 4, 6, 0, 0, 0, 0, 0, name))
         head = s.recv(36, socket.MSG_WAITALL)
         code, length = struct.unpack("iiiiiiiii", head)[:2]

@@ -1,0 +1,74 @@
+"""Config sections of the cache server mode (see ``hybrid_connector.server``).
+
+* ``server``: what ``hybrid-connector server`` listens on and the limits it enforces on
+  every client (frame and object sizes, deadlines, in-flight bytes, the shared secret).
+* ``cache_server``: an engine process in server mode: the index, policies and tiers live in
+  the server at ``url``; the engine's cache is a ``ServerCache`` with the embedded cache's
+  interface (``assemble.cache`` picks it by this key alone).
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from hybrid_connector.sizes import Bytes
+
+SCHEME = "hc"  # hc://host:port: our server, lm:// framing plus the hybrid commands
+DEFAULT_PORT = 65432
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ServerSettings(_Section):
+    """``hybrid-connector server``. ``token``: when set, a connection must authenticate
+    (``AUTH``) before any other command; LMCache's own ``lm://`` client cannot, so leave it
+    unset (and bind loopback) when plain LMCache clients use the server. Deadlines: a frame
+    whose header arrived must complete within ``frame_timeout_s`` plus its size at
+    ``min_rate`` bytes/s (a trickling client is cut off); a connection idle for
+    ``idle_timeout_s`` is closed. ``max_inflight_bytes`` bounds the bytes of all frames
+    being received or answered at once (a frame waits its turn rather than exhaust RAM)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # 0: any free port (printed at start)
+    http_port: int | None = Field(None, ge=0, le=65535)  # health, stats, metrics; None: off
+    token: str | None = Field(None, min_length=8)
+    max_frame_bytes: Bytes = 1 << 30
+    max_object_bytes: Bytes = 256 << 20
+    max_inflight_bytes: Bytes = 4 << 30
+    frame_timeout_s: float = Field(30.0, gt=0.0, allow_inf_nan=False)
+    min_rate: Bytes = 32 << 20
+    idle_timeout_s: float = Field(600.0, gt=0.0, allow_inf_nan=False)
+    workers: int = Field(8, gt=0, le=256)  # threads running cache calls off the event loop
+    plain_lmcache: bool = True  # serve LMCache's PUT/GET/EXIST/LIST/HEALTH
+
+
+class ClientSettings(_Section):
+    """An engine in server mode: ``url`` is ``hc://host:port``; ``timeout_s`` bounds each
+    call (a server that does not answer in time is a miss for lookups and loads, a
+    rejection for saves, never a hang)."""
+
+    url: str
+    token: str | None = None
+    timeout_s: float = Field(30.0, gt=0.0, allow_inf_nan=False)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        host_port(v)
+        return v
+
+
+def host_port(url: str) -> tuple[str, int]:
+    """``(host, port)`` of an ``hc://host[:port]`` URL; ValueError naming what is wrong."""
+    parts = urlsplit(url)
+    if parts.scheme != SCHEME or not parts.hostname:
+        raise ValueError(f"cache server URL must be {SCHEME}://host:port, got {url!r}")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"bad port in cache server URL {url!r}: {exc}") from None
+    return parts.hostname, port if port is not None else DEFAULT_PORT

@@ -1,0 +1,124 @@
+"""``Server``: the cache server process (asyncio on uvloop): the ``hc://`` listener (LMCache's
+``lm://`` framing plus the hybrid commands), the optional HTTP side, and a graceful stop.
+
+Lifecycle: ``start`` builds nothing new (the store and the service exist from
+``__init__``: a warm restart adopts what the NVMe tier holds there), binds the sockets and
+returns; ``stop`` closes the listener, lets the connections finish their current frame for
+up to ``grace`` seconds (then cancels them: their unfinished frames are dropped, nothing
+half-written is indexed), waits for every queued tier op and closes the store, so the NVMe
+tier is consistent and a restart serves it. SIGTERM and SIGINT call ``stop`` under
+``serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from hybrid_connector import assemble
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.server.conn import Handler
+from hybrid_connector.server.http import app
+from hybrid_connector.server.metrics import Metrics
+from hybrid_connector.server.service import Service
+from tiers.manager import TierManager
+
+log = logging.getLogger(__name__)
+
+
+class Server:
+    """One server over the config's tiers (or ``store``)."""
+
+    def __init__(self, config: HybridConfig, store: TierManager | None = None) -> None:
+        self.config = config
+        self.settings = config.server
+        self.store = store if store is not None else assemble.store(config, device="cpu")
+        self.service = Service(config, self.store)
+        self.metrics = Metrics(self.service.stats)
+        self.handler = Handler(self.service, self.settings, self.metrics.observe)
+        self.port: int | None = None
+        self.http_port: int | None = None
+        self._tcp: asyncio.Server | None = None
+        self._http: web.AppRunner | None = None
+        self._stopped = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return f"hc://{self.settings.host}:{self.port}"
+
+    async def start(self) -> None:
+        s = self.settings
+        self._tcp = await asyncio.start_server(self.handler, s.host, s.port)
+        self.port = self._tcp.sockets[0].getsockname()[1]
+        if s.http_port is not None:
+            self._http = web.AppRunner(app(self.service.stats, self.metrics.registry,
+                                           self.handler.offload), access_log=None)
+            await self._http.setup()
+            site = web.TCPSite(self._http, s.host, s.http_port)
+            await site.start()
+            server: Any = site._server
+            self.http_port = server.sockets[0].getsockname()[1]
+
+    async def stop(self, grace: float = 10.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self._tcp is not None:
+            self._tcp.close()
+        tasks = list(self.handler.active)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace)
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._http is not None:
+            await self._http.cleanup()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._close_sync)
+
+    def _close_sync(self) -> None:
+        self.handler.close()
+        self.service.close()
+
+    async def serve(self, ready: Callable[[Server], None] | None = None) -> None:
+        """Start, call ``ready``, run until SIGTERM/SIGINT (or ``stop``), stop."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, done.set)
+        if ready is not None:
+            ready(self)
+        stopper = asyncio.ensure_future(self._stopped.wait())
+        waiter = asyncio.ensure_future(done.wait())
+        await asyncio.wait([stopper, waiter], return_when=asyncio.FIRST_COMPLETED)
+        for f in (stopper, waiter):
+            f.cancel()
+        await self.stop()
+
+
+def announce(server: Server) -> None:
+    """The line tests and scripts wait for (stdout, flushed)."""
+    http = f", http on http://{server.settings.host}:{server.http_port}" if server.http_port else ""
+    print(f"hybrid-connector server listening on {server.url} (lm:// compatible){http}",
+          flush=True)
+    sys.stdout.flush()
+
+
+def run(config: HybridConfig) -> int:
+    """Serve until a signal; returns the exit code."""
+    import uvloop
+
+    async def main() -> None:
+        await Server(config).serve(announce)
+
+    uvloop.run(main())
+    return 0

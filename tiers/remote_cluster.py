@@ -24,7 +24,10 @@ retry loop (its sleeps, its implicit topology refreshes behind locks) runs insid
   a topology refresh (at most one per ``refresh_interval``, by one thread, never waited
   for), and a command for a backed-off shard refreshes too: once a replica is promoted,
   its slots are found on it within about ``refresh_interval``. One WARNING per shard going
-  down, one INFO when it is back. Refreshes run on a thread of their own.
+  down, one INFO when it is back. Refreshes run on a thread of their own, and a batch
+  over several shards (``exists_many``) asks them side by side, each under what is left
+  of the call's deadline: a hung shard costs its own keys, not the others' (see
+  ``tiers.remote_shards``).
 * ``ShardUnavailable`` is a ``RemoteError`` the tier counts as a miss without marking the
   whole remote down (the other shards keep answering). ``CLUSTERDOWN``, ``TRYAGAIN``,
   ``READONLY``, ``LOADING``, an uncovered slot: the same. A cluster that cannot be
@@ -38,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -48,26 +50,11 @@ from tiers import deadline, manifest, remote_clients
 from tiers.manifest import CorruptManifest, Limits
 from tiers.remote_chunks import decode_pointer, split
 from tiers.remote_clients import RemoteClient, RemoteError, ShardUnavailable, _DeadlineConnection
+from tiers.remote_shards import Shards, op, patch_slot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CHUNK_SIZE = 4 << 20
-
-
-def _op(method: str, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
-    """A command of a redis-py client (or pipeline), bound to its arguments."""
-    return lambda r: getattr(r, method)(*args, **kwargs)
-
-
-def _patch_slot(rc: Any, moved: Exception) -> None:
-    """Point the slot map at a MOVED redirect's node (redis-py >= 6 patches at once, 5.x
-    at the next look-up)."""
-    nm = rc.nodes_manager
-    move = getattr(nm, "move_slot", None)
-    if move is not None:
-        move(moved)
-    else:
-        nm.update_moved_exception(moved)
 
 
 class RedisClusterClient(RemoteClient):
@@ -82,8 +69,6 @@ class RedisClusterClient(RemoteClient):
         self.cfg = parse_cluster_url(url)
         self.url, self.timeout, self.chunk_size = url, timeout, chunk_size
         self.limits = limits or Limits()
-        self.min_backoff, self.max_backoff = min_backoff, max_backoff
-        self.refresh_interval = refresh_interval
         base = redis.SSLConnection if self.cfg.tls else redis.Connection
         self._conn_class = type("DeadlineConnection", (_DeadlineConnection, base), {})
         # Errors of one shard (it is down, failing over, loading, not serving the slot).
@@ -93,10 +78,7 @@ class RedisClusterClient(RemoteClient):
         self._rx = rx
         self._rc: Any = None
         self._init_lock = threading.Lock()
-        self._lock = threading.Lock()  # guards _down
-        self._down: dict[str, tuple[float, float]] = {}  # node name -> (until, backoff)
-        self._refresh_lock = threading.Lock()
-        self._last_refresh = 0.0
+        self._shards = Shards(url, timeout, min_backoff, max_backoff, refresh_interval)
 
     def name_for(self, key: ObjectKey) -> str:
         return "hc:{" + key.digest() + "}"
@@ -129,63 +111,18 @@ class RedisClusterClient(RemoteClient):
         finally:
             self._init_lock.release()
 
-    def _refresh(self, rc: Any, force: bool = False, avoid: str | None = None) -> None:
-        """Re-read the slot map on a thread of its own (under a deadline of its own), at
-        most one at a time and one per ``refresh_interval`` unless ``force``: no call
-        waits for it or spends its deadline on it (a hung node could eat all of it). The
-        ``avoid`` node (a shard found down) is asked last, where redis-py allows it."""
-        now = time.monotonic()
-        if not force and now - self._last_refresh < self.refresh_interval:
-            return
-        if not self._refresh_lock.acquire(blocking=False):
-            return
-        self._last_refresh = now
-
-        def run() -> None:
-            try:
-                with deadline.scope(self.timeout):
-                    try:
-                        rc.nodes_manager.initialize(last_failed_node_name=avoid)
-                    except TypeError:  # redis-py < 7: no such argument
-                        rc.nodes_manager.initialize()
-            except Exception as exc:  # no node answered in time: the old map stays
-                log.debug("remote cluster %s: topology refresh failed: %s", self.url, exc)
-            finally:
-                self._refresh_lock.release()
-        threading.Thread(target=run, name="remote-cluster-refresh", daemon=True).start()
-
-    def _mark_down(self, node: str, exc: BaseException) -> None:
-        with self._lock:
-            _, backoff = self._down.get(node, (0.0, self.min_backoff / 2))
-            backoff = min(backoff * 2, self.max_backoff)
-            if node not in self._down:
-                log.warning("remote cluster %s: shard %s down: %s; its keys are misses, "
-                            "retrying with backoff", self.url, node, exc)
-            self._down[node] = (time.monotonic() + backoff, backoff)
-
-    def _mark_up(self, node: str) -> None:
-        if node in self._down:  # racy read: a miss here only delays the INFO
-            with self._lock:
-                if self._down.pop(node, None) is not None:
-                    log.info("remote cluster %s: shard %s is back", self.url, node)
-
-    def _backing_off(self, node: str) -> bool:
-        with self._lock:
-            until = self._down.get(node, (0.0, 0.0))[0]
-        return time.monotonic() < until
-
     def _node(self, rc: Any, name: str) -> Any:
         """The master serving ``name``'s slot; ShardUnavailable while it is backed off
         (after looking for a newer slot map) or when no node serves the slot."""
         try:
             node = rc.nodes_manager.get_node_from_slot(rc.keyslot(name))
-            if self._backing_off(node.name):
-                self._refresh(rc, avoid=node.name)  # a promoted replica may serve it by now
+            if self._shards.backing_off(node.name):
+                self._shards.refresh(rc, avoid=node.name)  # a promoted replica may serve it by now
                 node = rc.nodes_manager.get_node_from_slot(rc.keyslot(name))
         except self._rx.SlotNotCoveredError as exc:
-            self._refresh(rc)
+            self._shards.refresh(rc)
             raise ShardUnavailable(f"slot of {name} not served: {exc}") from exc
-        if self._backing_off(node.name):
+        if self._shards.backing_off(node.name):
             raise ShardUnavailable(f"shard {node.name} is down (backing off)")
         return node
 
@@ -197,6 +134,10 @@ class RedisClusterClient(RemoteClient):
         asking = False
         for _ in range(3):
             try:
+                deadline.left()  # spent (by an earlier command of this call): not this shard's fault
+            except TimeoutError as exc:
+                raise ShardUnavailable(f"{name}: the call's deadline passed") from exc
+            try:
                 r = rc.get_redis_connection(node)
                 if asking:
                     p = r.pipeline(transaction=False)
@@ -205,10 +146,10 @@ class RedisClusterClient(RemoteClient):
                     out: T = p.execute()[-1]
                 else:
                     out = fn(r)
-                self._mark_up(node.name)
+                self._shards.mark_up(node.name)
                 return out
             except self._rx.MovedError as exc:  # the slot has a new master (failover, resharding)
-                _patch_slot(rc, exc)
+                patch_slot(rc, exc)
                 node, asking = self._node(rc, name), False
             except self._rx.AskError as exc:  # the slot is migrating; this key has moved
                 target = rc.get_node(host=exc.host, port=exc.port)
@@ -216,11 +157,11 @@ class RedisClusterClient(RemoteClient):
                     raise ShardUnavailable(f"ASK redirect of {name} to {exc.host}:{exc.port}") from exc
                 node, asking = target, True
             except (self._rx.ConnectionError, self._rx.TimeoutError, OSError) as exc:
-                self._mark_down(node.name, exc)
-                self._refresh(rc, force=True, avoid=node.name)
+                self._shards.mark_down(node.name, exc)
+                self._shards.refresh(rc, force=True, avoid=node.name)
                 raise ShardUnavailable(f"shard {node.name}: {type(exc).__name__}: {exc}") from exc
             except self._shard_errors as exc:  # CLUSTERDOWN, TRYAGAIN, READONLY, ...
-                self._refresh(rc)
+                self._shards.refresh(rc)
                 raise ShardUnavailable(f"shard {node.name}: {type(exc).__name__}: {exc}") from exc
         raise ShardUnavailable(f"{name}: too many redirects")
 
@@ -248,7 +189,7 @@ class RedisClusterClient(RemoteClient):
             return
         ptr, pieces = split(blob, self.chunk_size)
         for cname, piece in zip(ptr.chunk_names(name), pieces, strict=True):
-            if self._cmd(cname, _op("set", cname, piece)) is not True:
+            if self._cmd(cname, op("set", cname, piece)) is not True:
                 raise RemoteError("SET of a chunk was not acknowledged")
         old = self._cmd(name, lambda r: r.set(name, ptr.encode(), get=True))
         prev = decode_pointer(old) if isinstance(old, bytes) else None
@@ -273,7 +214,7 @@ class RedisClusterClient(RemoteClient):
             if off >= want:
                 break
             n = min(ptr.chunk_size, want - off)
-            piece = self._cmd(cname, _op("getrange", cname, 0, n - 1))
+            piece = self._cmd(cname, op("getrange", cname, 0, n - 1))
             if not isinstance(piece, bytes):
                 raise RemoteError(f"GETRANGE answered a {type(piece).__name__}")
             if len(piece) != n:
@@ -305,34 +246,36 @@ class RedisClusterClient(RemoteClient):
                 failed.append(exc)
                 continue
             groups.setdefault(node.name, []).append(i)
-        for idx in groups.values():
-            def run(r: Any, idx: list[int] = idx) -> list[Any]:
-                p = r.pipeline(transaction=False)
-                for i in idx:
-                    p.exists(names[i])
-                return list(p.execute(raise_on_error=False))
-            try:
-                res = self._cmd(names[idx[0]], run, follow_ask=False)
-            except ShardUnavailable as exc:
-                failed.append(exc)
+        errors = [e for e in self._shards.each(
+            list(groups.values()), lambda idx: self._exists_on(rc, names, idx, out)) if e]
+        for e in errors:
+            if not isinstance(e, ShardUnavailable):
+                raise e
+        if (failed or errors) and len(errors) == len(groups):
+            raise (errors + failed)[0]  # no shard answered
+        return list(out)  # a shard answering after the deadline writes to ``out`` no more
+
+    def _exists_on(self, rc: Any, names: Sequence[str], idx: list[int], out: list[bool]) -> None:
+        """One shard's EXISTS pipeline of ``names[i] for i in idx``, into ``out``."""
+        def run(r: Any) -> list[Any]:
+            p = r.pipeline(transaction=False)
+            for i in idx:
+                p.exists(names[i])
+            return list(p.execute(raise_on_error=False))
+        res = self._cmd(names[idx[0]], run, follow_ask=False)
+        if len(res) != len(idx):
+            raise RemoteError(f"EXISTS pipeline answered {str(res)[:80]}")
+        for i, v in zip(idx, res, strict=True):
+            if isinstance(v, self._rx.MovedError):
+                patch_slot(rc, v)
+            if isinstance(v, self._rx.AskError):  # or MOVED: asked alone, redirected
+                with contextlib.suppress(ShardUnavailable):
+                    v = self._cmd(names[i], op("exists", names[i]))
+            if isinstance(v, Exception):
                 continue
-            if len(res) != len(idx):
+            if type(v) is not int:
                 raise RemoteError(f"EXISTS pipeline answered {str(res)[:80]}")
-            for i, v in zip(idx, res, strict=True):
-                if isinstance(v, self._rx.MovedError):
-                    _patch_slot(rc, v)
-                if isinstance(v, self._rx.AskError):  # or MOVED: asked alone, redirected
-                    with contextlib.suppress(ShardUnavailable):
-                        v = self._cmd(names[i], _op("exists", names[i]))
-                if isinstance(v, Exception):
-                    continue
-                elif type(v) is not int:
-                    raise RemoteError(f"EXISTS pipeline answered {str(res)[:80]}")
-                else:
-                    out[i] = v > 0
-        if failed and not groups:
-            raise failed[0]
-        return out
+            out[i] = v > 0
 
     def health(self) -> None:
         """PING every master in one deadline; fine when at least one answers."""
@@ -369,6 +312,7 @@ class RedisClusterClient(RemoteClient):
         return [r for r in v[-n:] if isinstance(r, bytes) and len(r) <= most]
 
     def close(self) -> None:
+        self._shards.close()
         if self._rc is not None:
             with contextlib.suppress(Exception):
                 self._rc.close()

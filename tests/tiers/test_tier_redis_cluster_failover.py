@@ -82,10 +82,18 @@ def test_a_failed_master_is_misses_until_its_replica_is_promoted(tmp_path: Path,
         time.sleep(0.5)
         (c.kill if how == "kill" else c.stop)(victim)
         killed_at[0] = time.monotonic()
+        victim_keys = sorted(on_victim, key=str)
+        # one batch over every shard, the victim's keys first: the others still answer
+        asker = RemoteTier(c.url, BIG, timeout=DEADLINE)
+        assert asker.healthy()
+        t0 = time.monotonic()
+        found = asker.contains(victim_keys + [k for k in truth if k not in on_victim])
+        assert time.monotonic() - t0 < DEADLINE + SLACK
+        assert found == [False] * len(victim_keys) + [True] * (len(its) - len(victim_keys))
+        asker.close()
         # the victim's keys: misses (within the deadline) until promotion, then hits
         probe = RemoteTier(c.url, BIG, timeout=DEADLINE, min_backoff=0.05, max_backoff=0.2)
         missed, back_after = 0, None
-        victim_keys = sorted(on_victim, key=str)
         while time.monotonic() - killed_at[0] < 60:
             t0 = time.monotonic()
             got = probe.get(victim_keys)

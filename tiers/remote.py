@@ -69,7 +69,7 @@ from tiers.remote_manifests import REFUSED, ManifestAccess
 from tiers.tier import Entry, TierUnavailable, nbytes_of
 
 __all__ = ["LmClient", "RedisClient", "RemoteClient", "RemoteError", "RemoteTier",
-           "ReplyTooLarge", "make_client"]
+           "ReplyTooLarge", "ShardUnavailable", "make_client"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from hybrid_connector.config_server import ClientSettings, ServerSettings
+from hybrid_connector.remote_url import CLUSTER, check_remote_url, scheme_of
 from hybrid_connector.sizes import Bytes, parse_size
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,7 @@ class HybridConfig(_Strict):
     disk_fsync: bool = True  # fsync each object file and its directory before indexing it
     disk_verify_reads: bool = True  # check every read's payload checksum
     remote_timeout_s: float = Field(1.0, gt=0.0, allow_inf_nan=False)  # one deadline per call
+    remote_chunk_size: Bytes = Field(4 << 20, ge=64 << 10)  # cluster URLs: value chunks
     extra_config: dict[str, Any] = Field(default_factory=dict)  # free: integrations only
     # --- the cache server (hybrid_connector.config_server) ---
     server: ServerSettings = Field(default_factory=lambda: ServerSettings.model_validate({}))  # what `hybrid-connector server` listens on
@@ -181,6 +183,13 @@ class HybridConfig(_Strict):
     def _alpha(cls, v: float | str) -> float | str:
         if isinstance(v, float) and not (math.isfinite(v) and v >= 0):
             raise ValueError(f"alpha must be a finite number >= 0 or 'auto', got {v}")
+        return v
+
+    @field_validator("remote_url")
+    @classmethod
+    def _remote_url(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_remote_url(v)
         return v
 
     @field_validator("alpha_grid")
@@ -254,11 +263,14 @@ class HybridConfig(_Strict):
             if self.budget("remote").total == 0:
                 raise ValueError("remote_url is set but pools.remote is empty: give the "
                                  "remote tier per-kind budgets")
+            if self.remote_chunk_size != 4 << 20 and scheme_of(self.remote_url) not in CLUSTER:
+                raise ValueError("remote_chunk_size is set but remote_url is not a cluster URL")
         else:
             unused = [k for k, on in (
                 ("pools.remote", p.remote is not None),
                 ("remote_serde", self.remote_serde != "naive"),
-                ("remote_timeout_s", self.remote_timeout_s != 1.0)) if on]
+                ("remote_timeout_s", self.remote_timeout_s != 1.0),
+                ("remote_chunk_size", self.remote_chunk_size != 4 << 20)) if on]
             if unused:
                 raise ValueError(f"{_are(unused)} set but remote_url is not")
 

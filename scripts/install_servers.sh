@@ -2,7 +2,8 @@
 # Install the real servers the tier integration tests talk to:
 #   * lmcache 0.5.6 (--no-deps) plus exactly the light packages that `lmcache_server` and
 #     `lmcache.v1.protocol` import on CPU (no CUDA wheels, torch untouched);
-#   * redis-server from Debian when it is missing.
+#   * redis-server and redis-cli (the cluster tests build a Redis Cluster with
+#     `redis-cli --cluster create`) from Debian when either is missing.
 # Usage: PYTHON=/path/to/venv/bin/python scripts/install_servers.sh   (default: python3)
 # Idempotent and quiet; exits non-zero with a message on any failure.
 set -euo pipefail
@@ -46,12 +47,13 @@ fi
 BIN_DIR="$("$PYTHON" -c 'import sys, os; print(os.path.dirname(sys.executable))')"
 [ -x "$BIN_DIR/lmcache_server" ] || die "lmcache_server entry point missing in $BIN_DIR"
 
-if ! command -v redis-server >/dev/null 2>&1; then
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq >/dev/null || die "apt-get update failed"
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null \
-        || die "apt-get install redis-server failed"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null \
+        || die "apt-get install redis-server redis-tools failed"
     command -v redis-server >/dev/null 2>&1 || die "redis-server still missing after apt-get"
+    command -v redis-cli >/dev/null 2>&1 || die "redis-cli still missing after apt-get"
 fi
 echo "install_servers.sh: lmcache_server ($BIN_DIR/lmcache_server) and redis-server ($(command -v redis-server)) ready"

@@ -63,7 +63,8 @@ def build_tiers(config: HybridConfig, device: torch.device | str | None = None,
         else:
             tiers.append(RemoteTier(
                 str(config.remote_url), b, serde=config.remote_serde,
-                timeout=config.remote_timeout_s, limits=manifest_limits(config)))
+                timeout=config.remote_timeout_s, limits=manifest_limits(config),
+                chunk_size=config.remote_chunk_size))
     return tiers
 
 
@@ -76,7 +77,8 @@ def shared_view(config: HybridConfig) -> Tier | None:
     from tiers.remote import RemoteTier
 
     return RemoteTier(str(config.remote_url), _budgets(config, "remote"), serde=config.remote_serde,
-                      timeout=config.remote_timeout_s, limits=manifest_limits(config))
+                      timeout=config.remote_timeout_s, limits=manifest_limits(config),
+                      chunk_size=config.remote_chunk_size)
 
 
 def tier_specs(config: HybridConfig) -> list[TierSpec]:

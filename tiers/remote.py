@@ -1,5 +1,6 @@
-"""Remote tier: ``lm://host:port`` (LMCache's ``lmcache_server``) or ``redis://`` (Redis,
-Valkey), shared by every cache instance (process, machine) that points at the server.
+"""Remote tier: ``lm://host:port`` (LMCache's ``lmcache_server``), ``redis://`` (Redis,
+Valkey) or ``redis+cluster://`` (a Redis or Valkey Cluster, ``tiers.remote_cluster``),
+shared by every cache instance (process, machine) that points at the server.
 
 Each object is one self-describing ``tiers.codec`` blob (key, dtype, shape, checksum;
 zstd when ``serde="zstd"``) stored under a name derived from the key digest, so dtype and
@@ -60,14 +61,15 @@ from tiers.remote_clients import (
     RemoteClient,
     RemoteError,
     ReplyTooLarge,
-    make_client,
+    ShardUnavailable,
 )
+from tiers.remote_cluster import CHUNK_SIZE, make_client
 from tiers.remote_guard import Guard
 from tiers.remote_manifests import REFUSED, ManifestAccess
 from tiers.tier import Entry, TierUnavailable, nbytes_of
 
 __all__ = ["LmClient", "RedisClient", "RemoteClient", "RemoteError", "RemoteTier",
-           "ReplyTooLarge", "make_client"]
+           "ReplyTooLarge", "ShardUnavailable", "make_client"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,7 +82,8 @@ class RemoteTier(ManifestAccess, IndexedTier):
     ``timeout``: the one deadline of each client call in seconds (config key
     ``remote_timeout_s``), covering connect, send and the whole reply; a put that confirms
     (``confirm_puts``) makes two calls. ``client`` replaces the URL's client (tests).
-    ``limits`` bound manifests. Shared: the ledger writes copies to it and never deletes
+    ``limits`` bound manifests; ``chunk_size``: the largest value one command moves on a
+    cluster (bigger objects are chunked, ``tiers.remote_chunks``). Shared: the ledger writes copies to it and never deletes
     from it.
     """
 
@@ -102,17 +105,19 @@ class RemoteTier(ManifestAccess, IndexedTier):
         limits: Limits | None = None,
         max_seen: int = 1 << 16,
         quarantine_s: float = 300.0,
+        chunk_size: int = CHUNK_SIZE,
     ) -> None:
         super().__init__(name, budgets)
         if serde not in ("naive", "zstd"):
             raise ValueError(f"remote serde {serde!r}: expected 'naive' or 'zstd'")
         self.url = url
         self.limits = limits or Limits()
-        self.client = client if client is not None else make_client(url, timeout, self.limits)
+        self.client = client if client is not None else make_client(url, timeout, self.limits,
+                                                                    chunk_size)
         self.zstd_level = zstd_level if serde == "zstd" else None
         self.confirm_puts = confirm_puts
         self._g = Guard(log, f"remote tier {name} ({url})", min_backoff, max_backoff,
-                        self._count_error)
+                        self._count_error, partial=(ShardUnavailable,))
         # Keys the server confirmed that this process did not put -> their meta, once read.
         self._seen: OrderedDict[ObjectKey, Meta | None] = OrderedDict()
         self._quarantine: OrderedDict[ObjectKey, float] = OrderedDict()  # key -> until

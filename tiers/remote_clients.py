@@ -42,6 +42,11 @@ class ReplyTooLarge(RemoteError):
     """A reply longer than the caller's bound, refused before it was read."""
 
 
+class ShardUnavailable(RemoteError):
+    """One shard of a cluster (the slots it serves) cannot answer now; the rest may be
+    fine, so the tier counts a miss without marking the whole remote down."""
+
+
 class RemoteClient(ABC):
     """Blob store client; see the module docstring. ``limits`` bound manifests."""
 
@@ -249,7 +254,7 @@ class _DeadlineConnection:
 
 
 class RedisClient(RemoteClient):
-    """``redis://``, ``rediss://`` or ``valkey://`` via redis-py, speaking RESP2 (no
+    """``redis://``, ``rediss://``, ``valkey://`` or ``valkeys://`` via redis-py, speaking RESP2 (no
     ``HELLO`` handshake, which Redis-likes answer in odd ways) with no client-side retries
     (the tier's backoff decides when to try again). redis-py's pool gives each in-flight
     call a connection of its own; each call runs under one deadline that its connect,
@@ -267,9 +272,10 @@ class RedisClient(RemoteClient):
         self.timeout = timeout
         self.limits = limits or Limits()
         self._response_error = redis.ResponseError
+        url = url.replace("valkeys://", "rediss://", 1).replace("valkey://", "redis://", 1)
         base = redis.SSLConnection if url.startswith("rediss://") else redis.Connection
         self._r = redis.Redis.from_url(
-            url.replace("valkey://", "redis://", 1), socket_timeout=timeout,
+            url, socket_timeout=timeout,
             socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), protocol=2,
             connection_class=type("DeadlineConnection", (_DeadlineConnection, base), {}))
 
@@ -343,12 +349,13 @@ class RedisClient(RemoteClient):
 
 
 def make_client(url: str, timeout: float, limits: Limits | None = None) -> RemoteClient:
-    """Client for ``lm://host:port`` or ``redis://``/``rediss://``/``valkey://`` URLs."""
+    """Client for ``lm://host:port`` or ``redis://``/``rediss://``/``valkey[s]://`` URLs."""
     u = urlparse(url)
     if u.scheme == "lm":
         if not u.hostname or u.port is None:
             raise ValueError(f"remote url {url!r}: expected lm://host:port")
         return LmClient(u.hostname, u.port, timeout, limits=limits)
-    if u.scheme in ("redis", "rediss", "valkey"):
+    if u.scheme in ("redis", "rediss", "valkey", "valkeys"):
         return RedisClient(url, timeout, limits)
-    raise ValueError(f"remote url {url!r}: unsupported scheme {u.scheme!r} (lm, redis, valkey)")
+    raise ValueError(f"remote url {url!r}: unsupported scheme {u.scheme!r} "
+                     "(lm, redis, rediss, valkey, valkeys; their +cluster forms: see tiers.remote_cluster)")

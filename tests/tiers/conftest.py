@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from cluster_servers import redis_cluster  # noqa: F401  (fixture)
 from server_fixtures import lmcache_server, redis_server  # noqa: F401  (fixtures)
 from tier_servers import StalledServer, free_port
 

@@ -243,6 +243,7 @@ def open_cache(cfg: CapacityConfig, setup: Setup, geo: ModelGeometry,
     from hybrid_connector.integrations.hf import HFRuntime
 
     rt = HFRuntime.create(model, hc, store, anchors=False, alignment=cfg.alignment)
+    assert isinstance(rt.cache, HybridCache)  # embedded: the store is given
     return rt.cache, verifier, rt
 
 

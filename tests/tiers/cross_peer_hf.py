@@ -20,12 +20,11 @@ def hf_config(url: str):  # type: ignore[no-untyped-def]
                          "remote": {"kv": 1 << 26, "state": 1 << 26}})
 
 
-def main(arch: str, url: str, out: str) -> None:
-    model = tiny_model(arch)
-    vocab = model.config.vocab_size
-    rt = runtime(model, conf=hf_config(url), store=assemble.store(hf_config(url)))
+def serve_branching_pair(rt, vocab: int, out: str) -> None:  # type: ignore[no-untyped-def]
+    """Two requests sharing a 64-token prefix (the second checkpoints the branch at 64),
+    then flush and close ``rt`` and its cache, and write ``done`` to ``out``."""
     prefix = random_tokens(64, vocab, 31)
-    for seed in (32, 33):  # the second request checkpoints the branch at 64
+    for seed in (32, 33):
         r = rt.prefill(prefix + random_tokens(20, vocab, seed))
         rt.decode(r, 3)
         rt.finish(r)
@@ -33,6 +32,12 @@ def main(arch: str, url: str, out: str) -> None:
     rt.close()
     rt.cache.close()
     Path(out).write_text("done")
+
+
+def main(arch: str, url: str, out: str) -> None:
+    model = tiny_model(arch)
+    rt = runtime(model, conf=hf_config(url), store=assemble.store(hf_config(url)))
+    serve_branching_pair(rt, model.config.vocab_size, out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ LMCACHE_VERSION="0.5.6"
 # connector and local backends (the interop tests drive them) pull in beyond
 # torch/numpy/pyyaml (checked with sys.modules after the import).
 LIGHT_DEPS=(sortedcontainers numba cachetools prometheus_client py-cpuinfo psutil aiohttp requests
-            aiofile cryptography)
+            aiofile cryptography pyzmq)
 
 die() { echo "install_servers.sh: $*" >&2; exit 1; }
 

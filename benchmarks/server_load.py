@@ -59,9 +59,10 @@ SIZE_WEIGHTS = {"anchor": 0.6, "kv": 0.35, "state": 0.05}  # by count
 OP_WEIGHTS = {"put": 0.35, "get": 0.45, "exist": 0.2}
 PRESET, CACHE = "qwen3.5-0.8b", {"chunk_size": 256}
 FAIRNESS = [
-    "ours: asyncio+uvloop server; a PUT's body is read into one buffer, packed with a small "
-    "header (key string, LMCache metadata) into a tensor, placed by the tier ledger (per-kind "
-    "byte budget, LRU) and copied into the host tier's memory; a GET copies it out and "
+    "ours: asyncio+uvloop server; a PUT's body is read by the transport straight into one "
+    "buffer that leaves room for a small header (key string, LMCache metadata), placed by "
+    "the tier ledger (per-kind byte budget, LRU) and copied once into the host tier's memory, "
+    "stored while the connection's next frame is read; a GET copies it out of the tier and "
     "checks the header's key. Host tier sized above the working set: nothing is evicted, "
     "as in lmcache_server, which has no budget at all.",
     "lmcache_server 0.5.6: one thread per connection, recv into a growing bytearray, the "
@@ -76,20 +77,17 @@ FAIRNESS = [
     "the figures are a floor of what either server does on its own cores.",
 ]
 
-WHY_BELOW = [  # what profiling this benchmark showed (sampled stacks of an in-process run)
-    "CPU per byte: ours spends more server CPU per MB moved (compare.ratio.server_cpu_per_MB;"
-    " on 2 shared cores that is what bounds throughput). A PUT byte is copied ~6 times in "
-    "user space by ours (uvloop's read buffer -> bytes -> asyncio StreamReader buffer -> a "
-    "64 KiB chunk -> the frame buffer -> the packed object with its LMCache header -> the "
-    "host tier's slab), twice by lmcache_server (recv -> bytearray, kept as is); a GET once "
-    "more by ours (slab -> tensor) before the socket.",
-    "one event-loop thread reads and writes every connection's bytes (uvloop C plus asyncio "
-    "StreamReader per 256 KiB chunk); lmcache_server has a thread per connection in blocking "
-    "recv/sendall with the GIL released. With 2 cores shared by 16 client processes (and "
-    "other jobs: see loadavg), CPU per byte decides: our worker threads sample mostly idle "
-    "and the tier-op lane ~25% busy, so neither the index nor the tiers are the limit.",
-    "per object ours also does tier accounting (ledger placement, per-kind budget, LRU), "
-    "about 1 ms of the ~4 ms an 8 MiB put+pack takes in-process; lmcache_server does none.",
+WHY_BELOW = [  # what profiling showed (in-process runs of the server's paths, this VM)
+    "CPU per byte decides on 2 shared cores (compare.ratio.server_cpu_per_MB). Ours copies a "
+    "PUT byte twice in user space (socket -> frame buffer by the transport, frame buffer -> "
+    "the host tier's slab) like lmcache_server (recv -> bytes -> bytearray), but also places "
+    "it in the ledger and runs it through the tier's op lane (a thread hop); a GET copies "
+    "once more than lmcache_server (slab -> a buffer the caller owns) before the socket.",
+    "one event-loop thread writes every connection's replies; lmcache_server has a thread "
+    "per connection in blocking sendall with the GIL released.",
+    "fixed earlier (each measured here): StreamReader copies (0.9-1.05 ms/MB), page faults "
+    "on fresh buffers (GET 0.53 -> 0.22 ms/MB with freed memory kept mapped) and on a fresh "
+    "host slab (first put 0.93 -> 0.21 ms/MB once faulted in).",
 ]
 
 # ---------------------------------------------------------------- servers

@@ -1,6 +1,6 @@
 """Fault in a host slab's pages ahead of use, off the critical path.
 
-A fresh slab is untouched memory: the first write to each page faults into the kernel
+Opt-in (``SlabTier.prefault``; the cache server calls it). A fresh slab is untouched memory: the first write to each page faults into the kernel
 (zeroing it), which made the first put of every byte cost ~4x a plain copy (0.93 vs 0.18
 ms/MB measured on this project's CPU machines). ``Prefault`` runs Linux's
 ``madvise(MADV_POPULATE_WRITE)`` (5.14+) over the slab on a daemon thread, in 64 MiB steps:

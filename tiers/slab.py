@@ -111,14 +111,20 @@ class SlabTier(IndexedTier):
         self.pinned = bool(self._slab.is_pinned()) if self.device.type == "cpu" else False
         self._host = self.device.type == "cpu"
         self._base = self._slab.data_ptr()
-        # pinned memory is touched by pinning; plain host memory is faulted in behind
-        self._prefault = (Prefault(self._base, total) if self._host and not self.pinned
-                          else None)
+        self._prefault: Prefault | None = None
         self._pools: dict[ObjectKind, PagePool] = {}
         base = 0
         for k in ObjectKind:
             self._pools[k] = PagePool(base, counts[k], pages[k])
             base += counts[k] * pages[k]
+
+    def prefault(self) -> None:
+        """Fault the slab's pages in on a background thread (``tiers.prefault``), so first
+        puts cost a copy, not a page fault per page. Opt-in (the cache server does it): a
+        process that builds tiers it barely fills would touch memory for nothing. Pinned
+        memory is touched by pinning already; device memory has no such cost."""
+        if self._host and not self.pinned and self._prefault is None:
+            self._prefault = Prefault(self._base, self._slab.numel())
 
     def granularity(self, kind: ObjectKind) -> int:
         """An object of ``kind`` takes whole pages of this size."""

@@ -42,6 +42,10 @@ class Server:
         self.config = config
         self.settings = config.server
         self.store = store if store is not None else assemble.store(config, device="cpu")
+        for tier in self.store.tiers:  # a long-lived server fills its host tier: fault it in
+            prefault = getattr(tier, "prefault", None)
+            if callable(prefault):
+                prefault()
         self.service = Service(config, self.store)
         self.metrics = Metrics(self.service.stats)
         self.handler = Handler(self.service, self.settings, self.metrics.observe)

@@ -67,9 +67,9 @@ def child(path: Path, seed: int, start: int, wfd: int) -> None:
 
 
 def run_round(path: Path, seed: int, start: int, delay: float) -> tuple[int, bool]:
-    """Fork a writer, kill it after ``delay`` s; return (batches acknowledged, whether the
-    kill hit a put in progress)."""
-    buf = fork_and_kill(lambda wfd: child(path, seed, start, wfd), delay)
+    """Fork a writer, kill it ``delay`` s after it started its first batch (its tier's start
+    is not counted); return (batches acknowledged, whether the kill hit a put in progress)."""
+    buf = fork_and_kill(lambda wfd: child(path, seed, start, wfd), delay, from_first_report=True)
     lines = buf.split(b"\n")[:-1]  # a torn last line is not a report
     done = [int(x[1:]) for x in lines if x.startswith(b"d")]
     started = [int(x[1:]) for x in lines if x.startswith(b"s")]

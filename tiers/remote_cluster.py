@@ -99,8 +99,10 @@ class RedisClusterClient(RemoteClient):
                 from redis.retry import Retry
 
                 # A URL (of the first node) makes redis-py build each node's pool with
-                # our connection class; the other nodes are startup nodes too.
-                (h0, p0), *others = self.cfg.nodes
+                # our connection class; the other nodes are startup nodes too. Nodes
+                # that answer come first: redis-py asks startup nodes in order, and a hung
+                # one first (a stopped master) would spend the whole deadline.
+                (h0, p0), *others = answering_first(self.cfg.nodes, deadline.left() or self.timeout)
                 self._rc = RedisCluster(
                     url=f"redis://{f'[{h0}]' if ':' in h0 else h0}:{p0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
                     require_full_coverage=False, retry=Retry(NoBackoff(), 0), protocol=2,
@@ -325,3 +327,30 @@ def make_client(url: str, timeout: float, limits: Limits | None = None,
     if scheme_of(url) in CLUSTER:
         return RedisClusterClient(url, timeout, limits, chunk_size=chunk_size)
     return remote_clients.make_client(url, timeout, limits)
+
+
+def answering_first(nodes: Sequence[tuple[str, int]], timeout: float) -> list[tuple[str, int]]:
+    """``nodes`` reordered: the first to answer a PING (all asked in parallel, waiting at
+    most ``timeout`` for one answer), then the rest in their given order."""
+    import redis
+
+    answered: list[tuple[str, int]] = []
+    first = threading.Event()
+    lock = threading.Lock()
+
+    def ping(node: tuple[str, int]) -> None:
+        try:
+            redis.Redis(node[0], node[1], socket_timeout=timeout,
+                        socket_connect_timeout=timeout).ping()
+        except Exception:  # unreachable, hung, refusing: it goes last
+            return
+        with lock:
+            answered.append(node)
+        first.set()
+
+    for n in nodes:
+        threading.Thread(target=ping, args=(n,), daemon=True, name="hc-cluster-ping").start()
+    first.wait(timeout)
+    with lock:
+        lead = answered[:1]
+    return lead + [n for n in nodes if n not in lead]

@@ -182,11 +182,13 @@ def test_token_is_required_and_checked(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------- tricklers
-def trickle(url: str, data: bytes, out: dict[str, float]) -> None:
-    """Send ``data`` one byte per 0.2 s until the server cuts the connection; ``out``
-    gets the seconds it took (or inf if all of it went through)."""
-    t0 = time.monotonic()
+def trickle(url: str, data: bytes, head: bytes = b"") -> dict[str, float]:
+    """Send ``head`` at once, then ``data`` one byte per 0.2 s until the server cuts the
+    connection; ``cut``: seconds from the first trickled byte to the cut (inf if all of
+    it went through)."""
     with Raw(url) as r:
+        r.send(head)
+        t0 = time.monotonic()
         for b in data:
             try:
                 r.send(bytes([b]))
@@ -195,9 +197,8 @@ def trickle(url: str, data: bytes, out: dict[str, float]) -> None:
             if r.closed_by_peer(0.2):
                 break
         else:
-            out["cut"] = float("inf")
-            return
-    out["cut"] = time.monotonic() - t0
+            return {"cut": float("inf")}
+    return {"cut": time.monotonic() - t0}
 
 
 def test_tricklers_never_stall_others_and_are_cut_off(tmp_path: Path) -> None:
@@ -207,8 +208,8 @@ def test_tricklers_never_stall_others_and_are_cut_off(tmp_path: Path) -> None:
         body_cut: dict[str, float] = {}
         head_cut: dict[str, float] = {}
         threads = [threading.Thread(target=lambda: body_cut.update(
-                       trickle_body(server.url, head, body))),
-                   threading.Thread(target=trickle, args=(server.url, head, head_cut))]
+                       trickle(server.url, body, head))),
+                   threading.Thread(target=lambda: head_cut.update(trickle(server.url, head)))]
         for t in threads:
             t.start()
         slowest, trips = 0.0, 0
@@ -232,23 +233,6 @@ def test_tricklers_never_stall_others_and_are_cut_off(tmp_path: Path) -> None:
         healthy(server.url)
 
 
-def trickle_body(url: str, head: bytes, body: bytes) -> dict[str, float]:
-    """The whole header at once, then the body one byte per 0.2 s."""
-    with Raw(url) as r:
-        r.send(head)
-        t0 = time.monotonic()
-        for b in body:
-            try:
-                r.send(bytes([b]))
-            except OSError:
-                break
-            if r.closed_by_peer(0.2):
-                break
-        else:
-            return {"cut": float("inf")}
-    return {"cut": time.monotonic() - t0}
-
-
 def test_a_trickler_announcing_the_whole_inflight_budget_does_not_block_others(
         tmp_path: Path) -> None:
     """Room under ``max_inflight_bytes`` is taken piece by piece (``conn.CHUNK``) as a body
@@ -262,8 +246,8 @@ def test_a_trickler_announcing_the_whole_inflight_budget_does_not_block_others(
     with served(limited(tmp_path, max_inflight_bytes=budget, max_object_bytes=budget)) as server:
         out: dict[str, float] = {}
         head = request(int(Command.PUT), budget, lm_key(8), (4, 6, budget, 0, 0, 0))
-        t = threading.Thread(target=lambda: out.update(trickle_body(server.url, head,
-                                                                    b"\x01" * budget)))
+        t = threading.Thread(target=lambda: out.update(trickle(server.url, b"\x01" * budget,
+                                                              head)))
         t.start()
         time.sleep(0.3)  # its header is in, and its first byte
         with Raw(server.url) as r:

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hybrid_connector.config import HybridConfig
 from hybrid_connector.hashes import Hashes
 from hybrid_connector.index_core import IndexCore
 from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens
 from hybrid_connector.manifests import encode_record, manifest_name
 from hybrid_connector.meta import ObjectMeta
+from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.policies.anchors import anchor_block_bytes
 from hybrid_connector.radix import Node, ObjectRef
@@ -47,6 +49,18 @@ class SaveTicket:
     metas: Mapping[ObjectKey, ObjectMeta] = field(default_factory=dict)  # travels with puts
 
 
+def object_nbytes(geo: ModelGeometry, cfg: HybridConfig, kind: ObjectKind, start: int,
+                  end: int) -> int:
+    """Payload bytes the geometry gives an object (per TP rank): ``end - start`` tokens of
+    KV, one checkpoint, or one page's anchor block."""
+    if kind is ObjectKind.KV:
+        return (end - start) * geo.kv_bytes_per_token()
+    if kind is ObjectKind.STATE:
+        return geo.state_bytes()
+    density = cfg.anchor_density or 1.0 / cfg.anchor_page_size
+    return anchor_block_bytes(geo, cfg.anchor_page_size, density)
+
+
 class Saver:
     """The save half of a ``CacheIndex`` (shares its ``IndexCore`` state)."""
 
@@ -61,15 +75,11 @@ class Saver:
     def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
         """Payload bytes the geometry gives an object (per TP rank): ``end - start`` tokens
         of KV, one checkpoint, or one page's anchor block."""
-        geo, cfg = self.ix.geometry, self.ix.config
-        if kind is ObjectKind.KV:
-            return (end - start) * geo.kv_bytes_per_token()
-        if kind is ObjectKind.STATE:
-            return geo.state_bytes()
-        if self._anchor_bytes is None:  # fixed by the geometry and the config
-            density = cfg.anchor_density or 1.0 / cfg.anchor_page_size
-            self._anchor_bytes = anchor_block_bytes(geo, cfg.anchor_page_size, density)
-        return self._anchor_bytes
+        if kind is ObjectKind.ANCHOR:
+            if self._anchor_bytes is None:  # fixed by the geometry and the config
+                self._anchor_bytes = object_nbytes(self.ix.geometry, self.ix.config, kind, 0, 0)
+            return self._anchor_bytes
+        return object_nbytes(self.ix.geometry, self.ix.config, kind, start, end)
 
     def _check(self, sp: ObjectSpec, n: int) -> str | None:
         if sp.end > n or (sp.kind is ObjectKind.STATE and sp.end == 0):

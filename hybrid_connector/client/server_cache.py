@@ -45,8 +45,8 @@ from hybrid_connector.index_core import CacheStats, Lease
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import MISS, LoadPlan, LoadResult, Rejection, SaveItem, SaveResult
-from hybrid_connector.policies.anchors import anchor_block_bytes
 from hybrid_connector.policies.base import SavePlan
+from hybrid_connector.saving import object_nbytes
 from hybrid_connector.wire import convert as cv
 from hybrid_connector.wire import messages as m
 from hybrid_connector.wire.frames import Code, Ext, split_payloads
@@ -95,13 +95,7 @@ class ServerCache:
 
     def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
         """Payload bytes the geometry gives an object (as ``HybridCache.expected_nbytes``)."""
-        geo, cfg = self._geometry, self._config
-        if kind is ObjectKind.KV:
-            return (end - start) * geo.kv_bytes_per_token()
-        if kind is ObjectKind.STATE:
-            return geo.state_bytes()
-        return anchor_block_bytes(geo, cfg.anchor_page_size,
-                                  cfg.anchor_density or 1.0 / cfg.anchor_page_size)
+        return object_nbytes(self._geometry, self._config, kind, start, end)
 
     # ---------------------------------------------------------------- transport
     def _connect(self) -> Connection:

@@ -26,7 +26,7 @@ from hybrid_connector.index_core import Policies
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.policies import build
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
-from hybrid_connector.sim.replay import default_replayer_factory
+from hybrid_connector.sim.replay import default_replayer_factory, default_shadow_factory
 from tiers.backend import Backend
 from tiers.manager import TierManager, build_store
 
@@ -34,7 +34,8 @@ from tiers.manager import TierManager, build_store
 def policies(config: HybridConfig, eviction: EvictionPolicy | None = None,
              admission: AdmissionPolicy | None = None) -> Policies:
     """The configured policies; ``eviction``/``admission`` override one of them."""
-    return Policies(eviction or build.eviction(config, default_replayer_factory),
+    return Policies(eviction or build.eviction(config, default_replayer_factory,
+                                                 default_shadow_factory),
                     admission or build.admission(config))
 
 

@@ -130,6 +130,17 @@ class HybridConfig(_Strict):
     )
     bootstrap_multiplier: int = Field(5, gt=0)
     retune_interval: int = Field(500, ge=0)
+    # alpha: auto. "shadow": twin caches per candidate (policies/shadow_tuner.py);
+    # "window": grid search over replays of a recent window (policies/tuner.py).
+    alpha_tuner: Literal["shadow", "window"] = "shadow"
+    shadow_alphas: tuple[NonNegFinite, ...] = Field((0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0), min_length=1,
+                                                    strict=False)
+    shadow_lru: bool = True  # offer LRU with whole-path refresh (SGLang-style) as a candidate
+    shadow_z: float = Field(2.0, ge=0.0, allow_inf_nan=False)  # standard errors a switch needs
+    shadow_start: NonNegFinite | Literal["lru"] = 1.0  # the candidate before any evidence
+    # KV and states in one budget: which kind gives up bytes. "kind_order": the kind being
+    # saved first; "utility": whichever best victim has the lower Marconi utility.
+    pooled_eviction: Literal["kind_order", "utility"] = "kind_order"
     placement_slots: int = Field(0, ge=0)  # checkpoint slots per long shared prefix
     placement_bin: int = Field(64, gt=0)
     placement_decay: float = Field(0.99, gt=0.0, le=1.0)

@@ -31,7 +31,7 @@ class Reclaimer:
                   keep: set[ObjectKey]) -> tuple[bool, int]:
         """Until the ledger fits ``pending`` (the batch so far, this item included):
         reclaim unknown objects, oldest first, then evict by policy, for ``kind`` and the
-        kinds sharing its budget. A victim that frees no bytes is still progress (it left
+        kinds sharing its budget (in the order ``EvictionPolicy.victim_kinds`` gives). A victim that frees no bytes is still progress (it left
         the tree). Returns (fits, bytes freed). ``keep``: keys of the batch."""
         ix = self.ix
         freed = 0
@@ -41,15 +41,13 @@ class Reclaimer:
             with ix.backend.lock:
                 if ix.ledger.fits(pending):
                     return True, freed
-            for k in kinds:
-                got = self.reclaim_orphan(k, keep)
-                if got is None:
-                    got = self.evict_one(k)
-                if got is not None:
-                    freed += got
-                    break
-            else:
+            got = next((g for k in kinds if (g := self.reclaim_orphan(k, keep)) is not None), None)
+            if got is None:  # the policy orders the kinds sharing the budget (pooled: by utility)
+                order = ix.eviction.victim_kinds(kinds) if len(kinds) > 1 else kinds
+                got = next((g for k in order if (g := self.evict_one(k)) is not None), None)
+            if got is None:
                 return False, freed
+            freed += got
 
     def reclaim_orphan(self, kind: ObjectKind, keep: set[ObjectKey]) -> int | None:
         """Forget the oldest object of ``kind`` the ledger holds for this model but the

@@ -52,6 +52,12 @@ class EvictionPolicy(ABC):
         """The node to evict ``kind`` from next, among nodes the cache marks evictable, or
         ``None`` when nothing is evictable. Must not mutate the tree."""
 
+    def victim_kinds(self, kinds: Sequence[ObjectKind]) -> Sequence[ObjectKind]:
+        """The order to try evicting ``kinds`` in when they share one budget (the first
+        that yields a victim gives up bytes). Default: as given, the requested kind first.
+        Must not mutate the tree."""
+        return kinds
+
     def merits_demotion(self, node: Node, kind: ObjectKind) -> bool:
         """Whether an object evicted from a fast tier deserves a slower one."""
         return True

@@ -3,9 +3,10 @@
 ``eviction``: ``lru`` -> ``LRUEviction``; ``marconi`` -> ``MarconiEviction`` with the
 corrected accounting (GQA-aware node-local bytes, per-family FLOPs); ``marconi_reference``
 -> the same policy with the reference simulator's accounting and its FLOPs-saved tuning
-objective. ``alpha: auto`` gets an ``AlphaTuner`` built at the first eviction from the
-injected ``replayers`` (``hybrid_connector.assemble`` passes the simulator's: the policies
-never import the cache or the simulator).
+objective. ``alpha: auto`` gets a tuner built at the first eviction: with ``alpha_tuner:
+shadow`` (default) a ``ShadowTuner`` over twin caches from the injected ``shadows``, with
+``window`` an ``AlphaTuner`` over the injected ``replayers`` (``hybrid_connector.assemble``
+passes the simulator's: the policies never import the cache or the simulator).
 
 ``admission``: ``marconi`` (wrapped in ``PlacementAdmission`` when ``placement_slots`` >
 0), ``every_block`` (vLLM-style, one checkpoint per ``chunk_size``), ``last_token``.
@@ -32,7 +33,9 @@ from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.policies.lru import LRUEviction
 from hybrid_connector.policies.marconi import MarconiEviction
 from hybrid_connector.policies.placement_admission import PlacementAdmission
-from hybrid_connector.policies.tuner import Replayer
+from hybrid_connector.policies.shadow_tuner import ShadowFactory, ShadowTuner, candidates
+from hybrid_connector.policies.tuner import AlphaTuner, Replayer
+from hybrid_connector.policies.tuning import LRU, Candidate, Tuner
 
 ACCOUNTING: dict[str, Callable[[ModelGeometry], Accounting]] = {
     "marconi": CorrectedAccounting,
@@ -61,22 +64,48 @@ ReplayerSource = Callable[
 ]
 
 
-def eviction(config: HybridConfig, replayers: ReplayerSource | None = None) -> EvictionPolicy:
-    """The eviction policy named by ``config.eviction``. With ``alpha: auto``,
-    ``replayers(config, admission, accounting, objective)`` makes the tuner's replayer
-    factory; without it the alpha stays at 0 (pure recency)."""
+ShadowSource = Callable[
+    [HybridConfig, Callable[[], AdmissionPolicy], Callable[[ModelGeometry], Accounting], str],
+    Callable[[ModelGeometry, Mapping[ObjectKind, int]], ShadowFactory],
+]
+
+
+def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, object]:
+    """``ShadowTuner`` keyword arguments from the config."""
+    offered = candidates(config.shadow_alphas, config.shadow_lru)
+    start = LRU if config.shadow_start == "lru" else Candidate(float(config.shadow_start))
+    if start not in offered:
+        offered = (*offered, start)
+    return {"offered": offered, "start": start, "z": config.shadow_z, "background": background}
+
+
+def eviction(config: HybridConfig, replayers: ReplayerSource | None = None,
+             shadows: ShadowSource | None = None) -> EvictionPolicy:
+    """The eviction policy named by ``config.eviction``. With ``alpha: auto``, the source
+    ``config.alpha_tuner`` names (``shadows`` or ``replayers``, called with (config,
+    admission, accounting, objective)) makes the tuner at the first eviction; without it
+    the alpha stays at 0 (pure recency)."""
     if config.eviction == "lru":
         return LRUEviction()
     if config.eviction in ACCOUNTING:
         acct = ACCOUNTING[config.eviction]
         alpha = None if config.alpha == "auto" else float(config.alpha)
-        factory = None
-        if alpha is None and replayers is not None:
-            factory = replayers(config, lambda: admission(config), acct, objective(config))
-        return MarconiEviction(
-            alpha=alpha, accounting=acct, replayer_factory=factory,
-            tuner_options=tuner_options(config),
-        )
+        args = (config, lambda: admission(config), acct, objective(config))
+        make: Callable[[ModelGeometry, Mapping[ObjectKind, int]], Tuner] | None = None
+        if alpha is None and config.alpha_tuner == "shadow" and shadows is not None:
+            twins = shadows(*args)
+            opts = shadow_options(config)
+
+            def make(geo: ModelGeometry, snap: Mapping[ObjectKind, int]) -> Tuner:
+                return ShadowTuner(twins(geo, snap), **opts)  # type: ignore[arg-type]
+        elif alpha is None and config.alpha_tuner == "window" and replayers is not None:
+            replay = replayers(*args)
+            wopts = tuner_options(config)
+
+            def make(geo: ModelGeometry, snap: Mapping[ObjectKind, int]) -> Tuner:
+                return AlphaTuner(replay(geo, snap), **wopts)  # type: ignore[arg-type]
+        return MarconiEviction(alpha=alpha, accounting=acct, tuner_factory=make,
+                               joint_pool=config.pooled_eviction == "utility")
     raise NotImplementedError(f"eviction policy {config.eviction!r} is not built yet")
 
 

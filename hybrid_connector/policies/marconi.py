@@ -23,12 +23,15 @@ parents of removed nodes, the previous victim, and nodes the tree created since 
 sync (splits and inserts are not reported to policies, so new node ids are picked up from
 the tree's id counter: a new node, its parent and its children are refreshed).
 
-Alpha: a float, or ``None`` for auto: 0 (pure recency, i.e. LRU) until an ``AlphaTuner``
-reports a grid-search result (see ``tuner.py``); the policy then adopts it.
+Alpha: a float, or ``None`` for auto: 0 (pure recency, i.e. LRU) until a tuner reports a
+result (``tuner.py``: an alpha from window replays; ``shadow_tuner.py``: an alpha and a
+refresh mode from twin caches); the policy then adopts it. A tuner built late (by
+``tuner_factory`` at the first eviction) is first fed the requests kept until then.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -38,11 +41,13 @@ from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.policies.accounting import Accounting, CorrectedAccounting
 from hybrid_connector.policies.base import Evictable, EvictionPolicy
-from hybrid_connector.policies.tuner import AlphaTuner, Replayer
+from hybrid_connector.policies.tuning import Candidate, Tuner
 from hybrid_connector.radix import Node, RadixTree
 
 _RANKED = (ObjectKind.KV, ObjectKind.STATE)
-ReplayerFactory = Callable[[ModelGeometry, Mapping[ObjectKind, int]], Replayer]
+# (geometry, bytes per kind at the first eviction) -> the tuner
+TunerFactory = Callable[[ModelGeometry, Mapping[ObjectKind, int]], Tuner]
+PRELOG = 4000  # requests kept for a tuner built at the first eviction
 
 
 def recency(now: float, last_access: float) -> float:
@@ -100,7 +105,7 @@ class MarconiEviction(EvictionPolicy):
     """Marconi's FLOP-aware eviction with an incremental candidate index.
 
     ``accounting``: built from the geometry at ``bind`` (default ``CorrectedAccounting``).
-    ``alpha``: fixed weight, or ``None`` for auto-tuning (``tuner`` or ``replayer_factory``
+    ``alpha``: fixed weight, or ``None`` for auto-tuning (``tuner`` or ``tuner_factory``
     needed for it to ever change from 0). ``next_victim`` never mutates the tree; it may set
     ``last_access`` of nodes created since the last call (new objects count as fresh).
     """
@@ -112,9 +117,9 @@ class MarconiEviction(EvictionPolicy):
         alpha: float | None = None,
         accounting: Callable[[ModelGeometry], Accounting] = CorrectedAccounting,
         refresh_path: bool = False,
-        tuner: AlphaTuner | None = None,
-        replayer_factory: ReplayerFactory | None = None,
-        tuner_options: Mapping[str, object] | None = None,
+        tuner: Tuner | None = None,
+        tuner_factory: TunerFactory | None = None,
+        joint_pool: bool = False,
     ) -> None:
         if alpha is not None and alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
@@ -122,9 +127,12 @@ class MarconiEviction(EvictionPolicy):
         self.alpha = 0.0 if alpha is None else float(alpha)
         self._accounting_factory = accounting
         self.refresh_path = refresh_path
-        self.tuner = tuner
-        self._replayer_factory = replayer_factory
-        self._tuner_options = dict(tuner_options or {})
+        self.joint_pool = joint_pool
+        self.tuner: Tuner | None = None
+        self._tuner_factory = tuner_factory
+        self._prelog: deque[tuple[np.ndarray, int]] = deque(maxlen=PRELOG)
+        if tuner is not None:
+            self._attach(tuner)
         self.alpha_history: list[tuple[int, float]] = []  # (requests seen, alpha adopted)
         self.evictions = 0
         self.scanned = 0  # entries examined by next_victim (benchmark counter)
@@ -167,6 +175,8 @@ class MarconiEviction(EvictionPolicy):
         if self.tuner is not None:
             self.tuner.record(tokens, prompt_len)
             self._adopt()
+        elif self.auto and self._tuner_factory is not None:
+            self._prelog.append((np.asarray(tokens), int(prompt_len)))
 
     # ----------------------------------------------------------------- choosing
     def next_victim(self, kind: ObjectKind) -> Node | None:
@@ -180,6 +190,36 @@ class MarconiEviction(EvictionPolicy):
             if victim.parent is not None:
                 self._dirty.add(victim.parent.id)
         return victim
+
+    def victim_kinds(self, kinds: Sequence[ObjectKind]) -> Sequence[ObjectKind]:
+        """With ``joint_pool`` and KV and states in one budget: the kind whose best victim
+        has the lower utility under one normalisation over both kinds' candidates goes
+        first (the reference's single pool: a dead intermediate checkpoint competes with
+        leaves, instead of leaving only when a state save overflows). Each kind's victim is
+        its own minimum, compared jointly (exact for alpha 0; an approximation otherwise)."""
+        if not self.joint_pool or not {ObjectKind.KV, ObjectKind.STATE} <= set(kinds):
+            return kinds
+        self._sync()
+        best: dict[ObjectKind, tuple[float, float]] = {}
+        t_ends: list[float] = []
+        e_ends: list[float] = []
+        for k in _RANKED:
+            node = self._choose(k)
+            te, ee = self._evictable_ends(self._by_time[k], k), self._evictable_ends(self._by_eff[k], k)
+            if node is None or te is None or ee is None or node.id not in self._entries:
+                continue
+            best[k] = self._entries[node.id].keys.get(k, (node.last_access, 0.0))
+            t_ends += te
+            e_ends += ee
+        if len(best) < 2:
+            return kinds
+        now = self._now
+        rmin, rmax = recency(now, min(t_ends)), recency(now, max(t_ends))
+        emin, emax = min(e_ends), max(e_ends)
+        u = {k: utility(recency(now, last), eff, rmin, rmax, emin, emax, self.alpha)
+             for k, (last, eff) in best.items()}
+        first = min(u, key=lambda k: (u[k], k is not kinds[0]))
+        return (first, *(k for k in kinds if k is not first))
 
     def _choose(self, kind: ObjectKind) -> Node | None:
         if kind is ObjectKind.ANCHOR:
@@ -347,20 +387,33 @@ class MarconiEviction(EvictionPolicy):
     def _first_eviction(self) -> None:
         if not self.auto:
             return
-        if self.tuner is None and self._replayer_factory is not None:
+        if self.tuner is None and self._tuner_factory is not None:
             snapshot = {k: self.tree.bytes[k] for k in ObjectKind}
-            replayer = self._replayer_factory(self.geometry, snapshot)
-            self.tuner = AlphaTuner(replayer, **self._tuner_options)  # type: ignore[arg-type]
-            self._replayer_factory = None
+            tuner = self._tuner_factory(self.geometry, snapshot)
+            self._attach(tuner)
+            self._tuner_factory = None
+            while self._prelog:
+                tuner.record(*self._prelog.popleft())
         if self.tuner is not None and not self.tuner.started:
             self.tuner.start(self._requests)
+
+    def _attach(self, tuner: Tuner) -> None:
+        """Use ``tuner``, starting from the candidate it starts from (if it names one)."""
+        self.tuner = tuner
+        cur = getattr(tuner, "current", None)
+        if self.auto and isinstance(cur, Candidate):
+            self.alpha, self.refresh_path = cur.alpha, cur.refresh_path
 
     def _adopt(self) -> None:
         assert self.tuner is not None
         got = self.tuner.poll()
-        if got is not None and self.auto:
-            self.alpha = got
-            self.alpha_history.append((self._requests, got))
+        if got is None or not self.auto:
+            return
+        if isinstance(got, Candidate):
+            self.refresh_path = got.refresh_path
+            got = got.alpha
+        self.alpha = float(got)
+        self.alpha_history.append((self._requests, self.alpha))
 
     def close(self) -> None:
         """Close the alpha tuner (joins its worker thread); idempotent."""

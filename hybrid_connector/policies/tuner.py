@@ -29,15 +29,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hybrid_connector.policies.tuning import TunerRequest
+
+__all__ = ["DEFAULT_GRID", "AlphaTuner", "Replayer", "TunerRequest", "TuningRound"]
+
 DEFAULT_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(21))
-
-
-@dataclass(frozen=True)
-class TunerRequest:
-    """One recorded request: ``tokens`` = prompt + output, the first ``prompt_len`` the prompt."""
-
-    tokens: np.ndarray
-    prompt_len: int
 
 
 # (window, alpha, eval_from) -> objective summed over window[eval_from:]; larger is better.

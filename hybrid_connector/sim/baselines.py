@@ -7,7 +7,8 @@ vllm_block         a state at every 32-token block, LRU (the paper's vLLM+)    3
 vllm_align         one state per vLLM align block (``vllm_align_block``), LRU  block
 sglang             Marconi admission, LRU refreshing the whole path (SGLang+)  1
 lmcache            opaque align pages: KV chunk = state interval = block, LRU  block
-marconi            Marconi admission, Marconi eviction, auto alpha             1
+marconi            Marconi admission, Marconi eviction, auto alpha (shadows)   1
+marconi_window     as marconi, alpha from window replays (the v1 tuner)        1
 marconi_reference  as marconi with the reference simulator's accounting        1
 oracle             Marconi with the best fixed alpha in hindsight (grid)       1
 default            Marconi + sparse placement + anchors with suffix replay     1
@@ -40,8 +41,10 @@ from hybrid_connector.policies.admission import EveryBlockAdmission, MarconiAdmi
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.policies.marconi import MarconiEviction
 from hybrid_connector.policies.placement_admission import PlacementAdmission
+from hybrid_connector.policies.shadow_tuner import ShadowTuner
 from hybrid_connector.policies.tuner import AlphaTuner
-from hybrid_connector.sim.replay import CacheReplayer
+from hybrid_connector.policies.tuning import Tuner
+from hybrid_connector.sim.replay import CacheReplayer, shadow_factory
 from hybrid_connector.sim.store import Budget
 
 # What every spec shares unless it overrides: token-granular hits like the reference.
@@ -103,13 +106,19 @@ def _auto(
 ) -> Callable[[HybridConfig, ModelGeometry, Budget], EvictionPolicy]:
     def make(config: HybridConfig, geometry: ModelGeometry, budget: Budget) -> EvictionPolicy:
         if config.alpha != "auto":
-            return MarconiEviction(alpha=float(config.alpha), accounting=accounting)
+            return MarconiEviction(alpha=float(config.alpha), accounting=accounting,
+                                   joint_pool=config.pooled_eviction == "utility")
         objective = build.objective(config)
         replayer = CacheReplayer(
             config, geometry, budget, lambda: admission(config), accounting, objective, anchors
         )
-        tuner = AlphaTuner(replayer, **build.tuner_options(config, background=False))  # type: ignore[arg-type]
-        return MarconiEviction(alpha=None, accounting=accounting, tuner=tuner)
+        tuner: Tuner
+        if config.alpha_tuner == "shadow":
+            tuner = ShadowTuner(shadow_factory(replayer), **build.shadow_options(config, background=False))  # type: ignore[arg-type]
+        else:
+            tuner = AlphaTuner(replayer, **build.tuner_options(config, background=False))  # type: ignore[arg-type]
+        return MarconiEviction(alpha=None, accounting=accounting, tuner=tuner,
+                               joint_pool=config.pooled_eviction == "utility")
 
     return make
 
@@ -144,6 +153,10 @@ def baseline_specs(
                    _lru, lambda c: EveryBlockAdmission(block)),
         PolicySpec("marconi", "Marconi admission + eviction, auto alpha",
                    {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid},
+                   _auto(CorrectedAccounting, _marconi_adm, False), _marconi_adm),
+        PolicySpec("marconi_window", "Marconi, auto alpha from window replays (v1 tuner)",
+                   {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid,
+                    "alpha_tuner": "window"},
                    _auto(CorrectedAccounting, _marconi_adm, False), _marconi_adm),
     ]
     if include_reference:

@@ -26,7 +26,7 @@ from hybrid_connector.config import ConfigError, HybridConfig, load_config
 from hybrid_connector.config import parse_size as _parse_size
 
 GEN_SIZES = {
-    "chat": (64, 10), "agentic": (16, 30), "docqa": (8, 400), "sysprompt": (4, 600),
+    "chat": (64, 10), "agentic": (16, 30), "docqa": (8, 400), "sysprompt": (4, 600), "oneshot": (1000, 3),
 }
 
 

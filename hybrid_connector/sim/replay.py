@@ -6,6 +6,9 @@
 objective summed over ``window[eval_from:]``: FLOPs saved by hits (``"flops"``, measured with
 the policy's own accounting, so ``marconi_reference`` tunes on the reference's FLOPs) or
 hit tokens (``"token_hits"``). Pure: every call starts from nothing and closes its cache.
+
+``CacheShadow`` is the shadow tuner's twin: the same kind of size-only cache, kept across
+calls, stepped one request at a time with one candidate's alpha and refresh mode.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from hybrid_connector.model import ModelGeometry
 from hybrid_connector.policies.accounting import Accounting
 from hybrid_connector.policies.base import AdmissionPolicy
 from hybrid_connector.policies.marconi import MarconiEviction
-from hybrid_connector.policies.tuner import TunerRequest
+from hybrid_connector.policies.shadow_tuner import ShadowFactory
+from hybrid_connector.policies.tuning import Candidate, TunerRequest
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.store import Budget
 
@@ -55,7 +59,8 @@ class CacheReplayer:
         total = 0.0
         with Simulator(
             self.config, self.geometry, self.budget,
-            eviction=MarconiEviction(alpha=alpha, accounting=self.accounting),
+            eviction=MarconiEviction(alpha=alpha, accounting=self.accounting,
+                                     joint_pool=self.config.pooled_eviction == "utility"),
             admission=self.admission(), anchors=self.anchors,
         ) as sim:
             for i, req in enumerate(window):
@@ -63,6 +68,41 @@ class CacheReplayer:
                 if i >= eval_from and res.hit:
                     total += res.hit if self.objective == "token_hits" else self._acct.hit_flops(res.hit)
         return total
+
+
+class CacheShadow:
+    """A persistent size-only twin cache for one ``Candidate`` (``ShadowTuner``'s shadow).
+
+    ``step`` serves one request like the live cache (lookup, then saves) and returns its
+    objective (see module docstring); nothing is shared with the live cache."""
+
+    def __init__(self, replayer: CacheReplayer, candidate: Candidate) -> None:
+        self._r = replayer
+        self.candidate = candidate
+        self.sim = Simulator(
+            replayer.config, replayer.geometry, replayer.budget,
+            eviction=MarconiEviction(alpha=candidate.alpha, accounting=replayer.accounting,
+                                     refresh_path=candidate.refresh_path,
+                                     joint_pool=replayer.config.pooled_eviction == "utility"),
+            admission=replayer.admission(), anchors=replayer.anchors,
+        )
+        self._closed = False
+
+    def step(self, request: TunerRequest) -> float:
+        res = self.sim.step(request.tokens[: request.prompt_len], request.tokens[request.prompt_len :])
+        if not res.hit:
+            return 0.0
+        return float(res.hit) if self._r.objective == "token_hits" else self._r._acct.hit_flops(res.hit)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.sim.close()
+
+
+def shadow_factory(replayer: CacheReplayer) -> ShadowFactory:
+    """Twins with ``replayer``'s config, budget, admission, accounting and objective."""
+    return lambda candidate: CacheShadow(replayer, candidate)
 
 
 def snapshot_budget(snapshot: Mapping[ObjectKind, int], headroom: float = 1.0) -> Budget:
@@ -85,3 +125,15 @@ def default_replayer_factory(
         return CacheReplayer(config, geometry, snapshot_budget(snapshot), admission, accounting, objective)
 
     return make
+
+
+def default_shadow_factory(
+    config: HybridConfig,
+    admission: Callable[[], AdmissionPolicy],
+    accounting: Callable[[ModelGeometry], Accounting],
+    objective: str,
+) -> Callable[[ModelGeometry, Mapping[ObjectKind, int]], ShadowFactory]:
+    """What ``policies.build`` gives a live cache's shadow tuner: twins over the budget
+    inferred at the first eviction."""
+    replayers = default_replayer_factory(config, admission, accounting, objective)
+    return lambda geometry, snapshot: shadow_factory(replayers(geometry, snapshot))

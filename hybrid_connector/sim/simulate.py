@@ -110,7 +110,7 @@ def run_once(
     budget = _budget(spec, total_bytes, state_share)
     eviction: EvictionPolicy
     if alpha is not None:
-        eviction = MarconiEviction(alpha=float(alpha))
+        eviction = MarconiEviction(alpha=float(alpha), joint_pool=config.pooled_eviction == "utility")
     else:
         assert spec.eviction is not None, f"spec {spec.name} has no eviction factory"
         eviction = spec.eviction(config, geometry, budget)

@@ -16,6 +16,8 @@ the datasets they imitate, see each docstring):
   that branch from an earlier turn.
 * ``shared_document_qa``: questions over shared documents; some read only the first
   sections (a skewed overlap-depth distribution, where sparse placement matters).
+* ``oneshot_chat`` (``traces_oneshot``): short hot prefixes shared by most requests, each
+  followed by a long body seen once or twice, then never again.
 * ``system_prompts``: a few long system prompts in families sharing a common base, with
   Zipf-popular prompts and varied short queries.
 """
@@ -31,28 +33,13 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_connector.sim.trace_util import Record
+from hybrid_connector.sim.trace_util import finish as _finish
+from hybrid_connector.sim.trace_util import lognormal as _lognormal
+from hybrid_connector.sim.trace_util import toks as _toks
+from hybrid_connector.sim.traces_oneshot import oneshot_chat
+
 REQUIRED = ("session_id", "turn_id", "ts", "input_tokens", "output_tokens")
-Record = dict[str, Any]
-
-
-def _finish(records: list[Record], as_arrays: bool) -> list[Record]:
-    records.sort(key=lambda r: (r["ts"], str(r["session_id"]), r["turn_id"]))
-    if not as_arrays:
-        for r in records:
-            for k in ("input_tokens", "output_tokens"):
-                if isinstance(r[k], np.ndarray):
-                    r[k] = r[k].tolist()
-    return records
-
-
-def _toks(rng: np.random.Generator, n: int | np.integer, vocab: int) -> np.ndarray:
-    return rng.integers(3, vocab, size=max(1, int(n)), dtype=np.int64)
-
-
-def _lognormal(rng: np.random.Generator, mean: float, sigma: float, lo: int, hi: int) -> int:
-    """A lognormal length with the given mean (not median), clipped to [lo, hi]."""
-    mu = np.log(mean) - sigma**2 / 2
-    return int(np.clip(rng.lognormal(mu, sigma), lo, hi))
 
 
 # ------------------------------------------------------------------------------ chat
@@ -296,6 +283,7 @@ GENERATORS = {
     "agentic": agentic,
     "docqa": shared_document_qa,
     "sysprompt": system_prompts,
+    "oneshot": oneshot_chat,
 }
 
 

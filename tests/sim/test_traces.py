@@ -18,7 +18,8 @@ from hybrid_connector.sim.traces import (
     validate,
 )
 
-SMALL = {"chat": (4, 3, 1), "agentic": (3, 6, 1), "docqa": (2, 10, 1), "sysprompt": (2, 10, 1)}
+SMALL = {"chat": (4, 3, 1), "agentic": (3, 6, 1), "docqa": (2, 10, 1), "sysprompt": (2, 10, 1),
+         "oneshot": (12, 2, 1)}
 
 
 @pytest.mark.parametrize("kind", sorted(GENERATORS))

@@ -1,0 +1,51 @@
+"""What the Marconi policy needs from a tuner, whichever kind (``tuner``, ``shadow_tuner``).
+
+A tuner sees every finished request (``record``), is told when the live cache first
+evicts (``start``), and hands over a new setting at most once per decision (``poll``):
+an alpha (``float``) or a ``Candidate`` (alpha and the refresh mode). It never touches
+the live cache; ``close`` stops its threads and is idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TunerRequest:
+    """One recorded request: ``tokens`` = prompt + output, the first ``prompt_len`` the prompt."""
+
+    tokens: np.ndarray
+    prompt_len: int
+
+
+class Candidate(NamedTuple):
+    """One setting of the Marconi policy: its alpha, and whether an access refreshes the
+    whole path (SGLang-style) or only the last node (Marconi)."""
+
+    alpha: float
+    refresh_path: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.alpha:g}{'/path' if self.refresh_path else ''}"
+
+
+LRU = Candidate(0.0, True)
+
+
+class Tuner(Protocol):
+    """The tuner interface ``MarconiEviction`` drives (see module docstring)."""
+
+    started: bool
+
+    def start(self, requests_seen: int) -> None: ...
+
+    def record(self, tokens: np.ndarray, prompt_len: int) -> None: ...
+
+    def poll(self) -> float | Candidate | None: ...
+
+    def close(self) -> None: ...

@@ -1,6 +1,12 @@
 """Policy benchmark: every baseline over every generated trace at several cache sizes.
 
-Run: ``.venv/bin/python benchmarks/policies.py [--quick] [--jobs N]``
+Run: ``.venv/bin/python benchmarks/policies.py [--suite gaps|baselines|all] [--quick] [--jobs N]``
+
+``--suite gaps`` (default; ``policy_gaps.py``): the policies v2 sweep: auto alpha (shadow
+tuner, and the v1 window tuner) against LRU and the best fixed alpha on every trace family
+incl. the one-shot chat family, three sizes each, MET / NOT MET per row, and the agentic
+ratio against vLLM-style per-block checkpointing; writes ``policy_gaps[_quick].{json,md,png}``.
+``--suite baselines``: the table below.
 
 For each trace (agentic with side calls, ShareGPT-like chat, shared-document QA, system
 prompts; deterministic seeds) and each cache size (fractions of the trace's footprint: the
@@ -35,6 +41,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "benchmarks"))  # after the packages: benchmarks/tiers.py is a script
 
 from hybrid_connector.keys import ObjectKind  # noqa: E402
 from hybrid_connector.model_presets import get_preset  # noqa: E402
@@ -199,12 +206,68 @@ def ordering_report(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def gap_job(args: tuple[str, tuple[Any, ...], int, str]) -> dict[str, Any]:
+    from policy_gaps import run_variant
+
+    trace_name, key, total, variant = args
+    row = run_variant(make_trace(*key), variant, total)
+    row["trace"] = trace_name
+    return row
+
+
+def progress(it: Any, total: int, desc: str) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return it
+    return tqdm(it, total=total, desc=desc)
+
+
+def run_gaps(args: argparse.Namespace) -> int:
+    import json
+
+    import policy_gaps as pg
+
+    traces_ = pg.TRACES_QUICK if args.quick else pg.TRACES_FULL
+    geo = get_preset(MODEL)
+    jobs = []
+    for name, (kind, targs, kw) in traces_.items():
+        key = (kind, targs, tuple(sorted(kw.items())))
+        recs = make_trace(*key)
+        foot = footprint_bytes(recs, geo.kv_bytes_per_token())
+        print(f"trace {name}: {len(recs)} requests, footprint {foot / 2**30:.2f} GiB")
+        for frac in pg.FRACTIONS.get(name, pg.FRACTIONS["*"]):
+            jobs += [(name, key, int(foot * frac), v) for v in pg.variants(name)]
+    jobs.sort(key=lambda j: j[3] not in ("vllm_block", "default", "marconi", "marconi_joint"))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = list(progress(pool.map(gap_job, jobs), len(jobs), "simulations"))
+    print(f"{len(jobs)} simulations in {time.perf_counter() - t0:.1f}s")
+    gaps, blocks = pg.gap_rows(rows), pg.per_block_rows(rows)
+    stem = Path(args.out) / ("policy_gaps_quick" if args.quick else "policy_gaps")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    md = pg.markdown(gaps, blocks)
+    stem.with_suffix(".md").write_text(md)
+    stem.with_suffix(".json").write_text(json.dumps(
+        {"gaps": gaps, "per_block": blocks, "rows": [{k: v for k, v in r.items()} for r in rows]},
+        indent=1, default=str))
+    pg.plot(gaps, stem.with_suffix(".png"))
+    print(md)
+    print(f"wrote {stem}.json, .md, .png")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small traces, two sizes (~2 min on 2 cores)")
+    ap.add_argument("--quick", action="store_true", help="small traces (a few minutes on 2 cores)")
+    ap.add_argument("--suite", choices=("gaps", "baselines", "all"), default="gaps")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
+    if args.suite in ("gaps", "all"):
+        run_gaps(args)
+        if args.suite == "gaps":
+            return 0
     setup = QUICK if args.quick else FULL
     geo = get_preset(MODEL)
     grid = setup["grid"]

@@ -149,7 +149,8 @@ def test_default_cache_with_marconi_runs_and_tunes(geo) -> None:
     """The build path a live cache takes: auto alpha, tuner made at the first eviction from
     the byte snapshot, replays on a worker thread."""
     cfg = load_config(None, {"eviction": "marconi", "chunk_size": 256, "hash_block_size": 256,
-                             "alignment": 1, "bootstrap_multiplier": 2, "alpha_grid": [0.0, 1.0]},
+                             "alignment": 1, "bootstrap_multiplier": 2, "alpha_grid": [0.0, 1.0],
+                             "alpha_tuner": "window"},
                       environ={})
     pol = assemble.policies(cfg).eviction   # with the simulator's replayer injected
     assert isinstance(pol, MarconiEviction)

@@ -1,0 +1,170 @@
+"""Policies v2 sweep: auto alpha against LRU and the best fixed alpha, and per-block vLLM.
+
+Used by ``benchmarks/policies.py`` (``--suite gaps``). For every trace family and three
+cache sizes it runs, through the real ``HybridCache`` over size-only tiers: LRU with path
+refresh (SGLang-style, ``sglang``), Marconi at every fixed alpha of the shadow grid (the
+best of them is the "best fixed alpha in hindsight"), auto alpha with the shadow tuner
+(``marconi``), auto alpha with the v1 window tuner (``marconi_window``, the tuner without
+this issue's change) and the shadow tuner with ``pooled_eviction: utility``
+(``marconi_joint``). On the agentic family it adds vLLM-style per-block checkpointing
+(block 32, LRU) and ``default`` (placement + anchors, replayed hits counted apart).
+
+Criteria per row (token hit rate): auto >= LRU - 1 point, and auto >= 0.9 x best fixed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from hybrid_connector.model_presets import get_preset
+from hybrid_connector.policies.shadow_tuner import DEFAULT_ALPHAS
+from hybrid_connector.sim.baselines import baseline_specs
+from hybrid_connector.sim.simulate import run_once
+
+MODEL = "marconi-7b"
+BASE = {"alpha_objective": "token_hits", "bootstrap_multiplier": 5, "retune_interval": 100}
+VARIANTS = ("lru", *(f"alpha={a:g}" for a in DEFAULT_ALPHAS), "marconi", "marconi_window",
+            "marconi_joint")
+AGENTIC_ONLY = ("vllm_block", "default")
+TRACES_FULL = {
+    "agentic": ("agentic", (10, 20, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
+    "chat": ("chat", (24, 10, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
+    "docqa": ("docqa", (6, 150, 0), {}),
+    "sysprompt": ("sysprompt", (4, 250, 0), {}),
+    "oneshot": ("oneshot", (800, 3, 0), {}),
+}
+TRACES_QUICK = {
+    "agentic": ("agentic", (6, 12, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
+    "chat": ("chat", (12, 8, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
+    "docqa": ("docqa", (3, 60, 0), {}),
+    "sysprompt": ("sysprompt", (3, 100, 0), {}),
+    "oneshot": ("oneshot", (300, 3, 0), {}),
+}
+FRACTIONS = {"agentic": (0.03, 0.06, 0.12), "*": (0.1, 0.25, 0.5)}
+
+
+def variants(trace: str) -> tuple[str, ...]:
+    return VARIANTS + (AGENTIC_ONLY if trace == "agentic" else ())
+
+
+def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict[str, Any]:
+    """One simulation; the row of ``SimResult.row()`` plus ``variant``."""
+    geo = get_preset(MODEL)
+    specs = {s.name: s for s in baseline_specs(geo, grid=DEFAULT_ALPHAS, include_reference=False)}
+    base = dict(BASE)
+    alpha = None
+    if variant == "lru":
+        spec = specs["sglang"]
+    elif variant.startswith("alpha="):
+        spec, alpha = specs["marconi"], float(variant.split("=", 1)[1])
+    elif variant == "marconi_joint":
+        spec, base["pooled_eviction"] = specs["marconi"], "utility"
+    else:
+        spec = specs[variant]
+    t0 = time.perf_counter()
+    res = run_once(records, spec, geo, total, alpha=alpha, base=base)
+    row = res.row()
+    row.update(variant=variant, wall_s=time.perf_counter() - t0)
+    return row
+
+
+def gap_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (trace, size): LRU, best fixed, both tuners, gaps, MET / NOT MET."""
+    out = []
+    for key in sorted({(r["trace"], r["budget_bytes"]) for r in rows}):
+        at = {r["variant"]: r for r in rows if (r["trace"], r["budget_bytes"]) == key}
+        fixed = {v: r["token_hit_rate"] for v, r in at.items() if v.startswith("alpha=")}
+        best_v = max(fixed, key=lambda v: (fixed[v], -float(v.split("=")[1])))
+        lru, best = at["lru"]["token_hit_rate"], fixed[best_v]
+        line: dict[str, Any] = {"trace": key[0], "budget_gib": round(key[1] / 2**30, 2),
+                                "lru": lru, "best_fixed": best, "best_alpha": best_v.split("=")[1]}
+        for name in ("marconi", "marconi_window", "marconi_joint"):
+            v = at[name]["token_hit_rate"]
+            vs_lru = 100 * (v - lru)
+            vs_best = 100 * (v - best) / best if best > 0 else 0.0
+            line[name] = v
+            line[f"{name}_vs_lru_pts"] = round(vs_lru, 2)
+            line[f"{name}_vs_best_pct"] = round(vs_best, 1)
+            line[f"{name}_met"] = vs_lru >= -1.0 and vs_best >= -10.0
+            line[f"{name}_switches"] = len(at[name].get("alpha_history") or [])
+        fixed_wall = float(np.mean([at[v]["wall_s"] for v in fixed]))
+        line["tuning_ms_per_request"] = round(
+            1e3 * max(0.0, at["marconi"]["wall_s"] - fixed_wall) / max(1, at["marconi"]["requests"]), 2)
+        out.append(line)
+    return out
+
+
+def per_block_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Agentic: token hit rate against vLLM-style per-block (32, LRU) at equal bytes."""
+    out = []
+    for size in sorted({r["budget_bytes"] for r in rows if r["trace"] == "agentic"}):
+        at = {r["variant"]: r for r in rows if r["trace"] == "agentic" and r["budget_bytes"] == size}
+        if not all(v in at for v in ("vllm_block", "marconi", "default")):
+            continue
+        vb = at["vllm_block"]["token_hit_rate"]
+        d = at["default"]
+        replayed = d["approx_hit_tokens"] / max(1, d["prompt_tokens"])
+        exact = d["token_hit_rate"] - replayed
+        out.append({
+            "budget_gib": round(size / 2**30, 2), "vllm_block": vb,
+            "marconi_exact": at["marconi"]["token_hit_rate"],
+            "ratio_marconi": at["marconi"]["token_hit_rate"] / vb if vb else float("inf"),
+            "default_exact": exact, "default_replayed": replayed,
+            "ratio_default_exact": exact / vb if vb else float("inf"),
+            "ratio_default_all": d["token_hit_rate"] / vb if vb else float("inf"),
+        })
+    return out
+
+
+def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> str:
+    """Both tables, as the benchmark prints and writes them."""
+    cols = ["trace", "GiB", "LRU", "best fixed (alpha)", "auto (shadow)", "vs LRU (pts)",
+            "vs best (%)", "shadow", "auto (window, v1)", "v1 vs LRU", "v1 vs best", "v1",
+            "shadow + joint pool", "joint vs LRU", "tuning ms/request"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for g in gaps:
+        lines.append("| " + " | ".join(str(x) for x in (
+            g["trace"], g["budget_gib"], f"{g['lru']:.4f}", f"{g['best_fixed']:.4f} ({g['best_alpha']})",
+            f"{g['marconi']:.4f}", g["marconi_vs_lru_pts"], g["marconi_vs_best_pct"],
+            "MET" if g["marconi_met"] else "NOT MET",
+            f"{g['marconi_window']:.4f}", g["marconi_window_vs_lru_pts"], g["marconi_window_vs_best_pct"],
+            "MET" if g["marconi_window_met"] else "NOT MET",
+            f"{g['marconi_joint']:.4f}", g["marconi_joint_vs_lru_pts"], g["tuning_ms_per_request"])) + " |")
+    met = sum(g["marconi_met"] for g in gaps)
+    lines.append("")
+    lines.append(f"shadow tuner: {met} of {len(gaps)} rows MET; v1 window tuner: "
+                 f"{sum(g['marconi_window_met'] for g in gaps)} of {len(gaps)}")
+    if blocks:
+        lines += ["", "| GiB | vLLM per-block (32, LRU) | Marconi exact | ratio | default exact | "
+                  "default replayed | ratio exact | ratio exact+replayed |", "|---|---|---|---|---|---|---|---|"]
+        for b in blocks:
+            lines.append(f"| {b['budget_gib']} | {b['vllm_block']:.4f} | {b['marconi_exact']:.4f} | "
+                         f"{b['ratio_marconi']:.2f}x | {b['default_exact']:.4f} | {b['default_replayed']:.4f} | "
+                         f"{b['ratio_default_exact']:.2f}x | {b['ratio_default_all']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(gaps: list[dict[str, Any]], path: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({g["trace"] for g in gaps})
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.4), squeeze=False)
+    for ax, trace in zip(axes[0], names, strict=True):
+        pts = sorted((g for g in gaps if g["trace"] == trace), key=lambda g: g["budget_gib"])
+        xs = [g["budget_gib"] for g in pts]
+        for key, label, style in (("lru", "LRU", "k--"), ("best_fixed", "best fixed alpha", "g:"),
+                                  ("marconi", "auto (shadow)", "b-o"), ("marconi_window", "auto (window, v1)", "r-x")):
+            ax.plot(xs, [g[key] for g in pts], style, label=label)
+        ax.set_title(trace)
+        ax.set_xlabel("cache size (GiB)")
+    axes[0][0].set_ylabel("token hit rate")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,177 @@
+"""Shadow tuner: decisions on paired evidence only, fallback to LRU, grid reach, threads;
+and on real twin caches: alpha 0 on the one-shot chat family, alpha > 0 on agentic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybrid_connector import assemble
+from hybrid_connector.config import load_config
+from hybrid_connector.model_presets import get_preset
+from hybrid_connector.policies.marconi import MarconiEviction
+from hybrid_connector.policies.shadow_tuner import ShadowTuner, candidates
+from hybrid_connector.policies.tuning import LRU, Candidate, TunerRequest
+from hybrid_connector.sim.baselines import baseline_specs
+from hybrid_connector.sim.engine import Simulator
+from hybrid_connector.sim.simulate import run_once
+from hybrid_connector.sim.store import Budget
+from hybrid_connector.sim.traces import GENERATORS
+
+
+class Scripted:
+    """A twin whose score per request is ``mean(alpha) + noise`` (seeded per candidate)."""
+
+    def __init__(self, cand: Candidate, mean, noise: float = 1.0) -> None:
+        self.cand, self.mean, self.noise = cand, mean, noise
+        self.rng = np.random.default_rng(int(cand.alpha * 1000) + cand.refresh_path)
+        self.steps = 0
+        self.closed = False
+
+    def step(self, request: TunerRequest) -> float:
+        self.steps += 1
+        return float(self.mean(self.cand) + self.noise * self.rng.standard_normal())
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _feed(t: ShadowTuner, n: int) -> list[Candidate]:
+    got = []
+    for _ in range(n):
+        t.record(np.arange(3, 20), 10)
+        c = t.poll()
+        if c is not None:
+            got.append(c)
+    return got
+
+
+def test_noise_alone_never_switches() -> None:
+    twins: list[Scripted] = []
+
+    def make(c: Candidate) -> Scripted:
+        twins.append(Scripted(c, lambda c: 10.0, noise=3.0))
+        return twins[-1]
+
+    t = ShadowTuner(make, candidates((0.0, 0.5, 1.0, 2.0)), background=False)
+    t.start(0)
+    assert _feed(t, 1500) == [] and t.current == Candidate(1.0)
+    assert all(tw.steps == 1500 for tw in twins)
+
+
+def test_a_consistent_gain_switches_once_and_not_before_the_first_eviction() -> None:
+    t = ShadowTuner(lambda c: Scripted(c, lambda c: 10.0 + (c.alpha == 2.0)), candidates((0.0, 1.0, 2.0)),
+                    background=False)
+    assert _feed(t, 200) == []  # before start: no decision, however clear
+    t.start(200)
+    assert _feed(t, 200) == [Candidate(2.0)] and t.current == Candidate(2.0)
+    assert t.history[0].gain > t.history[0].noise > 0
+
+
+def test_falls_back_to_lru_on_weaker_evidence_than_a_move_away_needs() -> None:
+    """A gain of 0.2 per request (noise 1): enough at z_fallback 1 for LRU within 300
+    requests, not for another alpha at z 4."""
+    def mean(gainer: Candidate):
+        return lambda c: 10.0 + 0.2 * (c == gainer)
+
+    lru = ShadowTuner(lambda c: Scripted(c, mean(LRU)), candidates((1.0, 2.0)), z=4.0, z_fallback=1.0,
+                      background=False)
+    lru.start(0)
+    assert _feed(lru, 300) == [LRU]
+    other = ShadowTuner(lambda c: Scripted(c, mean(Candidate(2.0))), candidates((1.0, 2.0)), z=4.0,
+                        z_fallback=1.0, background=False)
+    other.start(0)
+    assert _feed(other, 300) == []
+
+
+def test_grid_grows_while_its_largest_alpha_leads() -> None:
+    made: list[Candidate] = []
+
+    def make(c: Candidate) -> Scripted:
+        made.append(c)
+        return Scripted(c, lambda c: min(c.alpha, 16.0), noise=0.5)
+
+    t = ShadowTuner(make, candidates((0.0, 1.0, 2.0), path_lru=False), start=Candidate(1.0),
+                    max_alpha=32.0, background=False)
+    t.start(0)
+    _feed(t, 400)
+    alphas = sorted(c.alpha for c in t.offered)
+    assert alphas[-1] == 32.0 and 16.0 in alphas  # doubled up to the cap, flat past 16
+    assert t.current.alpha >= 16.0
+
+
+def test_background_steps_off_the_callers_thread_and_close_is_idempotent() -> None:
+    twins: list[Scripted] = []
+
+    def make(c: Candidate) -> Scripted:
+        twins.append(Scripted(c, lambda c: 10.0 + 5 * (c == LRU), noise=0.1))
+        return twins[-1]
+
+    t = ShadowTuner(make, candidates((1.0,)), background=True)
+    t.start(0)
+    for _ in range(100):
+        t.record(np.arange(3, 20), 10)
+    t.close()
+    assert t.poll() == LRU and t.poll() is None
+    t.close()
+    assert all(tw.closed and tw.steps == 100 for tw in twins)
+
+
+def test_bad_arguments_raise() -> None:
+    with pytest.raises(ValueError):
+        ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), ())
+    with pytest.raises(ValueError, match="start"):
+        ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), candidates((0.0,)), start=Candidate(3.0))
+    t = ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), background=False)
+    with pytest.raises(ValueError):
+        t.record(np.arange(5), 0)
+
+
+# ---------------------------------------------------------------- on real twin caches
+GEO = get_preset("marconi-7b")
+SPECS = {s.name: s for s in baseline_specs(GEO, include_reference=False)}
+BASE = {"alpha_objective": "token_hits"}
+
+
+def _footprint(recs) -> int:
+    from hybrid_connector.radix import RadixTree
+
+    tree = RadixTree()
+    for r in recs:
+        tree.insert(np.concatenate([r["input_tokens"], r["output_tokens"]]))
+    return sum(int(n.tokens.size) for n in tree.nodes()) * GEO.kv_bytes_per_token()
+
+
+@pytest.mark.parametrize(("kind", "args", "frac"), [
+    ("oneshot", (200, 3, 0), 0.25),
+    ("agentic", (6, 12, 0), 0.06),
+])
+def test_picks_lru_on_one_shot_chat_and_alpha_above_zero_on_agentic(kind, args, frac) -> None:
+    kw = {"sessions_per_second": 1.0, "side_calls": 2.0} if kind == "agentic" else {}
+    recs = GENERATORS[kind](*args, as_arrays=True, **kw)  # type: ignore[operator]
+    size = int(_footprint(recs) * frac)
+    auto = run_once(recs, SPECS["marconi"], GEO, size, base=BASE)
+    lru = run_once(recs, SPECS["sglang"], GEO, size, base=BASE)
+    if kind == "oneshot":
+        assert auto.alpha == 0.0, auto.alpha_history
+        assert auto.token_hit_rate >= lru.token_hit_rate - 0.015
+    else:
+        assert auto.alpha is not None and auto.alpha > 0
+        assert auto.token_hit_rate > lru.token_hit_rate + 0.01
+
+
+def test_the_live_build_path_makes_a_shadow_tuner_at_the_first_eviction() -> None:
+    cfg = load_config(None, {"eviction": "marconi", "chunk_size": 256, "hash_block_size": 256,
+                             "alignment": 1, "shadow_alphas": [0.0, 1.0]}, environ={})
+    pol = assemble.policies(cfg).eviction
+    assert isinstance(pol, MarconiEviction) and pol.tuner is None
+    recs = GENERATORS["oneshot"](120, 3, 1, as_arrays=True)  # type: ignore[operator]
+    with Simulator(cfg, GEO, Budget.pooled(int(0.02 * _footprint(recs))), eviction=pol) as sim:
+        for r in recs:
+            sim.step(r["input_tokens"], r["output_tokens"])
+        tuner = pol.tuner
+        assert isinstance(tuner, ShadowTuner) and tuner.started
+        tuner.close()  # waits for queued steps
+        # the requests before the first eviction were replayed into the twins
+        assert tuner.steps == len(recs) * len(tuner.offered)
+    assert pol.alpha in (0.0, 1.0)

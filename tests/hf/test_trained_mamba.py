@@ -1,6 +1,7 @@
 """The shipped trained tiny Nemotron-H (hybrid_connector/presets/trained_nemotron_h/: Mamba2,
-attention and MLP layers): it loads, it has learnt held-out stdlib text, and the cache
-restores it exactly (branch-point checkpoint; after demotion through host and NVMe)."""
+attention and MLP layers): it loads, it has learnt held-out stdlib text, the cache restores
+it exactly (branch-point checkpoint; after demotion through host and NVMe), and a gate
+calibrated on it refuses the short replays its long Mamba2 memory does not survive."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import torch
 from hf_support import (
     assert_restored_exact,
     captured_restores,
+    config,
     reference,
     runtime,
 )
 
+from hybrid_connector.integrations.hf_quality import calibrate_gate
 from hybrid_connector.integrations.hf_trained import (
     corpus_tokens,
     load_trained_model,
@@ -21,6 +24,7 @@ from hybrid_connector.integrations.hf_trained import (
     trained_dir,
 )
 from hybrid_connector.keys import ObjectKind
+from hybrid_connector.replay import ReplayGate
 from tiers.device import DeviceTier
 from tiers.host import HostTier
 from tiers.manager import TierManager
@@ -29,6 +33,11 @@ from tiers.nvme import NvmeTier
 ARCH = "nemotron_h"
 TOL = 1e-4
 N_NEW = 16
+# Measured on the shipped model (rho = 1, page 16, p = 192, held-out window 1 of 256 bytes):
+# 64 anchors pass the default thresholds (KL 7e-4, top-1 0.984), 16 do not (KL 0.0046 but
+# top-1 0.875), where the trained Qwen3.5 is safe from 4 anchors
+# (benchmarks/results/replay_quality_trained_nemotron_h.md).
+SAFE_K, UNSAFE_K = 64, 16
 
 
 def _text(start: int, n: int) -> list[int]:
@@ -116,3 +125,12 @@ def test_trained_model_exact_after_demotion_through_host_and_nvme(tmp_path: Path
     rt.cache.check_integrity()
     rt.close()
     store.close()
+
+
+def test_gate_calibrated_on_trained_model_admits_safe_and_refuses_unsafe_k() -> None:
+    model = load_trained_model(arch=ARCH)
+    rt = runtime(model, config(anchor_page_size=16, anchor_density=1.0), anchors=False)
+    gate = calibrate_gate(rt, ReplayGate(max_kl=0.05, min_top1=0.9), [_text(256, 256)], [192],
+                          [SAFE_K, UNSAFE_K], continuation=8)
+    assert gate.passed_at(SAFE_K) and gate.admits(SAFE_K)
+    assert gate.passed_at(UNSAFE_K) is False and not gate.admits(UNSAFE_K)

@@ -1,4 +1,4 @@
-"""Train the tiny Qwen3.5 hybrid shipped in hybrid_connector/presets/trained/ (CPU, minutes).
+"""Train a tiny hybrid shipped in hybrid_connector/presets/trained*/ (CPU, minutes).
 
 Byte tokens (hybrid_connector.integrations.hf_trained.encode) of the Python standard
 library's top-level sources; held-out files are never trained on. AdamW with linear warmup
@@ -9,7 +9,14 @@ unit-lower-triangular solve with the equivalent inverse by repeated squaring (sa
 :func:`_unit_lower_solve`; torch's batched solve_triangular is ~3x slower on CPU). Writes config.json + model.safetensors (fp16) to --out and the loss
 curve to benchmarks/results/train_tiny_loss.{json,png}.
 
+``--arch nemotron_h`` trains the tiny Nemotron-H (Mamba2 + attention + MLP layers,
+``hf_trained.trained_config("nemotron_h")``; --hidden applies, --layers does not) into
+hybrid_connector/presets/trained_nemotron_h/, its curve in
+benchmarks/results/train_tiny_nemotron_h_loss.{json,png}; transformers' torch fallback runs
+its Mamba2 layers (chunked scan).
+
     PYTHONPATH=. python scripts/train_tiny.py --minutes 6 --threads 2
+    PYTHONPATH=. python scripts/train_tiny.py --arch nemotron_h --minutes 12 --threads 1
 """
 
 from __future__ import annotations
@@ -23,14 +30,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
-from transformers import Qwen3_5ForCausalLM
 
 from hybrid_connector.integrations.hf_trained import (
-    TRAINED_DIR,
+    TRAINED_ARCHS,
     VOCAB,
     corpus_tokens,
     mean_loss,
+    model_class,
     trained_config,
+    trained_dir,
 )
 
 RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
@@ -54,6 +62,7 @@ def _unit_lower_solve(a: torch.Tensor, b: torch.Tensor, *, upper: bool,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--arch", choices=TRAINED_ARCHS, default="qwen3_5")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--minutes", type=float, default=6.0,
                     help="wall-clock budget: stop (and finish the schedule) when it is spent")
@@ -65,16 +74,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--out", type=Path, default=TRAINED_DIR)
+    ap.add_argument("--out", type=Path, help="default: hf_trained.trained_dir(--arch)")
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
+    args.out = args.out or trained_dir(args.arch)
     torch.set_num_threads(args.threads)
     torch.linalg.solve_triangular = _unit_lower_solve
     torch.manual_seed(args.seed)
-    pattern = ["linear_attention"] * 3 + ["full_attention"]
-    cfg = trained_config(hidden_size=args.hidden, num_hidden_layers=args.layers,
-                         layer_types=[pattern[i % 4] for i in range(args.layers)])
-    model = Qwen3_5ForCausalLM(cfg)
+    if args.arch == "qwen3_5":
+        pattern = ["linear_attention"] * 3 + ["full_attention"]
+        cfg = trained_config(hidden_size=args.hidden, num_hidden_layers=args.layers,
+                             layer_types=[pattern[i % 4] for i in range(args.layers)])
+    else:
+        cfg = trained_config(args.arch, hidden_size=args.hidden)
+    model = model_class(args.arch)(cfg)
     params = sum(p.numel() for p in model.parameters())
     train, held = corpus_tokens("train"), corpus_tokens("heldout")
     print(f"params={params} train_bytes={train.numel()} heldout_bytes={held.numel()} vocab={VOCAB}")
@@ -128,14 +141,15 @@ def main() -> None:
     keep = {k: d[k] for k in sorted(d) if k not in ("transformers_version", "architectures", "dtype",
                                                     "torch_dtype")}
     (args.out / "config.json").write_text(json.dumps(keep, indent=1, sort_keys=True) + "\n")
-    summary = {"params": params, "steps": int(curve[-1]["step"]), "minutes_budget": args.minutes, "batch": args.batch, "seq": args.seq,
+    summary = {"arch": args.arch, "params": params, "steps": int(curve[-1]["step"]), "minutes_budget": args.minutes, "batch": args.batch, "seq": args.seq,
                "lr": args.lr, "seed": args.seed, "threads": args.threads,
                "minutes": (time.perf_counter() - t0) / 60, "random_heldout": random_loss,
                "final_train": curve[-1]["train"], "final_heldout": curve[-1]["heldout"],
                "unit": "nats/byte", "curve": curve}
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "train_tiny_loss.json").write_text(json.dumps(summary, indent=1) + "\n")
-    _plot(summary, args.results / "train_tiny_loss.png")
+    stem = "train_tiny_loss" if args.arch == "qwen3_5" else f"train_tiny_{args.arch}_loss"
+    (args.results / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    _plot(summary, args.results / f"{stem}.png")
     print(json.dumps({k: v for k, v in summary.items() if k != "curve"}))
 
 
@@ -154,7 +168,8 @@ def _plot(summary: dict[str, object], path: Path) -> None:
     ax.axhline(math.log(VOCAB), ls=":", c="grey", label="uniform (ln 256)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/byte)")
-    ax.set_title(f"tiny Qwen3.5 hybrid, {summary['params']} params, "
+    name = "Nemotron-H" if summary["arch"] == "nemotron_h" else "Qwen3.5"
+    ax.set_title(f"tiny {name} hybrid, {summary['params']} params, "
                  f"{float(summary['minutes']):.1f} min CPU")  # type: ignore[arg-type]
     ax.legend()
     fig.tight_layout()

@@ -14,6 +14,8 @@ configs, with random-init decay and with long-memory decay (see ``long_memory_``
 (:mod:`hybrid_connector.integrations.hf_trained`) and on the same architecture with random
 weights, over held-out stdlib text, calibrates a gate per rho from the trained figures and
 writes ``replay_quality_trained.{json,md,png}`` (:mod:`hybrid_connector.integrations.hf_quality_report`).
+``--trained --arch nemotron_h`` does the same for the shipped trained Nemotron-H (Mamba2) and
+writes ``replay_quality_trained_nemotron_h.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -105,8 +107,9 @@ def calibrate_gate(rt: HFRuntime, gate: ReplayGate, prompts: Sequence[Sequence[i
 
 def sweep_trained(ks: Sequence[int], rhos: Sequence[float], p: int = 192, tokens: int = 256,
                   n_prompts: int = 4, page: int = 16, continuation: int = 16,
-                  models: Sequence[str] = ("trained", "random")) -> list[dict[str, Any]]:
-    """Replay quality of the shipped trained model and of the same architecture with random
+                  models: Sequence[str] = ("trained", "random"),
+                  arch: str = "qwen3_5") -> list[dict[str, Any]]:
+    """Replay quality of the shipped trained ``arch`` model and of the same architecture with random
     weights (seed 0), on ``n_prompts`` disjoint held-out stdlib windows of ``tokens`` bytes,
     for every anchor density rho and anchor budget k. One row per (model, rho, k): the means
     over prompts of KL mean, KL max (max over prompts), top-1 and greedy agreement, with the
@@ -121,7 +124,7 @@ def sweep_trained(ks: Sequence[int], rhos: Sequence[float], p: int = 192, tokens
     prompts = [held[i * tokens:(i + 1) * tokens].tolist() for i in range(n_prompts)]
     rows: list[dict[str, Any]] = []
     for name in models:
-        model = load_trained_model()
+        model = load_trained_model(arch=arch)
         if name == "random":
             torch.manual_seed(0)
             model = type(model)(model.config).eval()
@@ -222,6 +225,7 @@ def _main() -> None:
                     help="initializer_range of the random weights (larger: peakier logits)")
     ap.add_argument("--trained", action="store_true",
                     help="sweep k and rho on the shipped trained model (and random weights)")
+    ap.add_argument("--arch", default="qwen3_5", help="--trained: qwen3_5 or nemotron_h")
     ap.add_argument("--rhos", type=float, nargs="*", default=[1.0, 0.5, 0.25])
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--out", default="benchmarks/results")
@@ -232,8 +236,8 @@ def _main() -> None:
 
         tokens, p, page = args.tokens or 256, args.p or 192, args.page or 64
         rows = sweep_trained(args.ks or [1, 2, 4, 8, 16, 32, 64, 128, 192], args.rhos, p, tokens,
-                             args.prompts, page)
-        print(write_report(rows, args.out, p=p, tokens=tokens, page=page))
+                             args.prompts, page, arch=args.arch)
+        print(write_report(rows, args.out, p=p, tokens=tokens, page=page, arch=args.arch))
         return
     args.tokens, args.p, args.page = args.tokens or 448, args.p or 384, args.page or 16
     args.ks = args.ks or [8, 32, 128, 384]

@@ -5,7 +5,8 @@ and the gate calibrated from it.
 density rho from the *trained* model's per-prompt measurements (thresholds: the config
 defaults ``replay_max_kl`` and ``replay_min_top1``), so the gate admits a budget k only
 where every measured prompt passed at the largest passing k' <= k and at every measured k
-between. :func:`write_report` writes ``replay_quality_trained.{json,md,png}`` under ``out``.
+between. :func:`write_report` writes ``replay_quality_trained.{json,md,png}`` under ``out``
+(``replay_quality_trained_<arch>.*`` for another arch than Qwen3.5).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hybrid_connector.replay import ReplayGate, ReplayQuality
 
 MAX_KL = 0.05
 MIN_TOP1 = 0.9
+ARCH_NAMES = {"qwen3_5": "Qwen3.5", "nemotron_h": "Nemotron-H (Mamba2)"}
 
 
 def gates_from_rows(rows: Sequence[dict[str, Any]], model: str = "trained",
@@ -57,7 +59,7 @@ def _table(rows: Sequence[dict[str, Any]], gates: dict[float, ReplayGate]) -> li
 
 
 def write_report(rows: Sequence[dict[str, Any]], out: str | Path, *, p: int, tokens: int,
-                 page: int) -> str:
+                 page: int, arch: str = "qwen3_5") -> str:
     """Write JSON (all rows and the admitted ks per rho), a Markdown table and a plot; return
     the Markdown."""
     out = Path(out)
@@ -66,11 +68,12 @@ def write_report(rows: Sequence[dict[str, Any]], out: str | Path, *, p: int, tok
     admitted = {str(rho): sorted({int(r["k_used"]) for r in rows if r["model"] == "trained"
                                   and r["rho"] == rho and g.admits(int(r["k_used"]))})
                 for rho, g in gates.items()}
-    meta = {"p": p, "tokens": tokens, "page": page, "max_kl": MAX_KL, "min_top1": MIN_TOP1,
+    stem = "replay_quality_trained" + ("" if arch == "qwen3_5" else f"_{arch}")
+    meta = {"arch": arch, "p": p, "tokens": tokens, "page": page, "max_kl": MAX_KL, "min_top1": MIN_TOP1,
             "text": "held-out stdlib files (hf_trained.corpus_files('heldout')), bytes"}
-    (out / "replay_quality_trained.json").write_text(
+    (out / f"{stem}.json").write_text(
         json.dumps({"meta": meta, "gate_admits_k": admitted, "rows": list(rows)}, indent=1) + "\n")
-    md = ["# Replay quality: trained tiny Qwen3.5 vs random weights\n",
+    md = [f"# Replay quality: trained tiny {ARCH_NAMES.get(arch, arch)} vs random weights\n",
           f"Prefix p={p} of {tokens}-byte held-out stdlib windows, suffix {tokens - p} tokens, "
           f"anchor page {page}; KL(full || replay) mean over suffix positions, top-1 agreement, "
           f"greedy agreement (16 tokens, up to the first divergence), means over prompts. Gate: "
@@ -79,8 +82,8 @@ def write_report(rows: Sequence[dict[str, Any]], out: str | Path, *, p: int, tok
           "Gate admits (k anchors, trained): " + "; ".join(
               f"rho={rho}: {ks if ks else 'nothing'}" for rho, ks in admitted.items()), ""]
     text = "\n".join(md)
-    (out / "replay_quality_trained.md").write_text(text)
-    _plot(rows, out / "replay_quality_trained.png")
+    (out / f"{stem}.md").write_text(text)
+    _plot(rows, out / f"{stem}.png")
     return text
 
 

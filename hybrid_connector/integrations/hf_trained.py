@@ -1,4 +1,4 @@
-"""A tiny Qwen3.5 hybrid trained on this machine: byte tokenizer, corpus and weights.
+"""Tiny hybrids trained on this machine (Qwen3.5, Nemotron-H): byte tokenizer, corpus, weights.
 
 Random weights forget within a few tokens, so replay measured on them looks exact. This
 module ships a small model that was *trained* (``scripts/train_tiny.py``, a few minutes on
@@ -12,6 +12,9 @@ CPU) on text every machine has: the Python standard library's top-level ``*.py``
 * Weights: ``hybrid_connector/presets/trained/`` holds ``config.json`` (a
   ``Qwen3_5TextConfig``) and ``model.safetensors`` (fp16, a few MB);
   :func:`load_trained_model` returns the fp32 ``Qwen3_5ForCausalLM`` in eval mode.
+  ``arch="nemotron_h"``: ``hybrid_connector/presets/trained_nemotron_h/`` holds a tiny
+  ``NemotronHForCausalLM`` (3 Mamba2 + 1 attention + 4 MLP layers), same tokenizer and corpus
+  (:data:`TRAINED_ARCHS`, :func:`trained_dir`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,32 @@ import torch
 VOCAB = 256
 HELD_OUT_EVERY = 10
 TRAINED_DIR = Path(__file__).resolve().parent.parent / "presets" / "trained"
+TRAINED_ARCHS = ("qwen3_5", "nemotron_h")
+# Nemotron-H block pattern: Mamba2 and attention mixers, each but the last followed by a relu2
+# MLP layer (transformers' names; "linear_attention" is a Mamba2 mixer).
+NEMOTRON_H_BLOCKS = ["linear_attention", "mlp", "linear_attention", "mlp", "full_attention", "mlp",
+                     "linear_attention", "mlp"]
+
+
+def trained_dir(arch: str = "qwen3_5") -> Path:
+    """Where the shipped weights of ``arch`` (one of :data:`TRAINED_ARCHS`) live."""
+    if arch not in TRAINED_ARCHS:
+        raise ValueError(f"arch must be one of {TRAINED_ARCHS}, got {arch!r}")
+    return TRAINED_DIR if arch == "qwen3_5" else TRAINED_DIR.with_name(f"trained_{arch}")
+
+
+def _config_class(arch: str) -> Any:
+    import transformers
+
+    trained_dir(arch)  # validates arch
+    return transformers.Qwen3_5TextConfig if arch == "qwen3_5" else transformers.NemotronHConfig
+
+
+def model_class(arch: str) -> Any:
+    import transformers
+
+    trained_dir(arch)
+    return transformers.Qwen3_5ForCausalLM if arch == "qwen3_5" else transformers.NemotronHForCausalLM
 
 
 def encode(text: str) -> list[int]:
@@ -57,14 +86,16 @@ def corpus_tokens(split: str, root: Path | None = None, limit: int | None = None
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
 
 
-def trained_config(**overrides: Any) -> Any:
-    """The ``Qwen3_5TextConfig`` the shipped model was trained with (from its config.json,
-    or the script's defaults with ``overrides`` when training a new one)."""
-    from transformers import Qwen3_5TextConfig
-
-    path = TRAINED_DIR / "config.json"
+def trained_config(arch: str = "qwen3_5", **overrides: Any) -> Any:
+    """The config the shipped ``arch`` model was trained with (``Qwen3_5TextConfig`` or
+    ``NemotronHConfig``; from its config.json, or the script's defaults with ``overrides``
+    when training a new one)."""
+    cls = _config_class(arch)
+    path = trained_dir(arch) / "config.json"
     if path.exists() and not overrides:
-        return Qwen3_5TextConfig(**json.loads(path.read_text()))
+        return cls(**json.loads(path.read_text()))
+    if arch == "nemotron_h":
+        return cls(**{**_NEMOTRON_H, **overrides})
     kw: dict[str, Any] = {
         "vocab_size": VOCAB, "hidden_size": 192, "intermediate_size": 512,
         "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -77,21 +108,32 @@ def trained_config(**overrides: Any) -> Any:
         "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
     }
     kw.update(overrides)
-    return Qwen3_5TextConfig(**kw)
+    return cls(**kw)
 
 
-def load_trained_model(directory: Path | None = None) -> Any:
-    """The shipped trained model: fp32 ``Qwen3_5ForCausalLM`` in eval mode. FileNotFoundError
-    when the weights are missing (run ``scripts/train_tiny.py``)."""
+_NEMOTRON_H: dict[str, Any] = {
+    "vocab_size": VOCAB, "hidden_size": 192, "intermediate_size": 768,
+    "layers_block_type": NEMOTRON_H_BLOCKS, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 48, "mamba_num_heads": 8, "mamba_head_dim": 48, "ssm_state_size": 32,
+    "n_groups": 1, "conv_kernel": 4, "expand": 2, "chunk_size": 64,
+    # NemotronHForCausalLM does not tie lm_head to the embeddings (transformers 5.2): untied.
+    "max_position_embeddings": 4096, "tie_word_embeddings": False,
+    "pad_token_id": None, "bos_token_id": None, "eos_token_id": None,
+}
+
+
+def load_trained_model(directory: Path | None = None, arch: str = "qwen3_5") -> Any:
+    """The shipped trained ``arch`` model in fp32, eval mode (``Qwen3_5ForCausalLM`` or
+    ``NemotronHForCausalLM``). FileNotFoundError when the weights are missing (run
+    ``scripts/train_tiny.py --arch ARCH``)."""
     from safetensors.torch import load_file
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    d = directory if directory is not None else TRAINED_DIR
+    d = directory if directory is not None else trained_dir(arch)
     weights = d / "model.safetensors"
     if not weights.exists():
-        raise FileNotFoundError(f"{weights}: no trained weights; run scripts/train_tiny.py")
-    cfg = Qwen3_5TextConfig(**json.loads((d / "config.json").read_text()))
-    model = Qwen3_5ForCausalLM(cfg)
+        raise FileNotFoundError(f"{weights}: no trained weights; run scripts/train_tiny.py --arch {arch}")
+    cfg = _config_class(arch)(**json.loads((d / "config.json").read_text()))
+    model = model_class(arch)(cfg)
     state = {k: v.float() for k, v in load_file(str(weights)).items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]

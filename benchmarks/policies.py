@@ -238,18 +238,19 @@ def run_gaps(args: argparse.Namespace) -> int:
         print(f"trace {name}: {len(recs)} requests, footprint {foot / 2**30:.2f} GiB")
         for frac in pg.FRACTIONS.get(name, pg.FRACTIONS["*"]):
             jobs += [(name, key, int(foot * frac), v) for v in pg.variants(name)]
-    jobs.sort(key=lambda j: j[3] not in ("vllm_block", "default", "marconi", "marconi_joint"))
+    jobs.sort(key=lambda j: j[3] not in ("vllm_block", "default", "default_shared", "marconi",
+                                         "marconi_joint", "marconi_window"))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(progress(pool.map(gap_job, jobs), len(jobs), "simulations"))
     print(f"{len(jobs)} simulations in {time.perf_counter() - t0:.1f}s")
-    gaps, blocks = pg.gap_rows(rows), pg.per_block_rows(rows)
+    gaps, blocks, anchors = pg.gap_rows(rows), pg.per_block_rows(rows), pg.anchor_rows(rows)
     stem = Path(args.out) / ("policy_gaps_quick" if args.quick else "policy_gaps")
     stem.parent.mkdir(parents=True, exist_ok=True)
-    md = pg.markdown(gaps, blocks)
+    md = pg.markdown(gaps, blocks, anchors)
     stem.with_suffix(".md").write_text(md)
     stem.with_suffix(".json").write_text(json.dumps(
-        {"gaps": gaps, "per_block": blocks, "rows": [{k: v for k, v in r.items()} for r in rows]},
+        {"gaps": gaps, "per_block": blocks, "anchors": anchors, "rows": [{k: v for k, v in r.items()} for r in rows]},
         indent=1, default=str))
     pg.plot(gaps, stem.with_suffix(".png"))
     print(md)

@@ -7,7 +7,8 @@ best of them is the "best fixed alpha in hindsight"), auto alpha with the shadow
 (``marconi``), auto alpha with the v1 window tuner (``marconi_window``, the tuner without
 this issue's change) and the shadow tuner with ``pooled_eviction: utility``
 (``marconi_joint``). On the agentic family it adds vLLM-style per-block checkpointing
-(block 32, LRU) and ``default`` (placement + anchors, replayed hits counted apart).
+(block 32, LRU); on agentic, one-shot chat and chat ``default`` (placement + anchors,
+replayed hits counted apart) with and without ``anchor_admission: shared``.
 
 Criteria per row (token hit rate): auto >= LRU - 1 point, and auto >= 0.9 x best fixed.
 """
@@ -26,9 +27,12 @@ from hybrid_connector.sim.simulate import run_once
 
 MODEL = "marconi-7b"
 BASE = {"alpha_objective": "token_hits", "bootstrap_multiplier": 5, "retune_interval": 100}
-VARIANTS = ("lru", *(f"alpha={a:g}" for a in DEFAULT_ALPHAS), "marconi", "marconi_window",
+VARIANTS = ("lru", *(f"alpha={a:g}" for a in DEFAULT_ALPHAS),
+            *(f"xalpha={a:g}" for a in DEFAULT_ALPHAS if a > 0), "marconi", "marconi_window",
             "marconi_joint")
-AGENTIC_ONLY = ("vllm_block", "default")
+AGENTIC_ONLY = ("vllm_block",)
+ANCHOR_TRACES = ("agentic", "oneshot", "chat")  # default with and without anchor_admission: shared
+ANCHOR_VARIANTS = ("default", "default_shared")
 TRACES_FULL = {
     "agentic": ("agentic", (10, 20, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
     "chat": ("chat", (24, 10, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
@@ -47,7 +51,8 @@ FRACTIONS = {"agentic": (0.03, 0.06, 0.12), "*": (0.1, 0.25, 0.5)}
 
 
 def variants(trace: str) -> tuple[str, ...]:
-    return VARIANTS + (AGENTIC_ONLY if trace == "agentic" else ())
+    return (VARIANTS + (AGENTIC_ONLY if trace == "agentic" else ())
+            + (ANCHOR_VARIANTS if trace in ANCHOR_TRACES else ()))
 
 
 def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict[str, Any]:
@@ -60,8 +65,13 @@ def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict
         spec = specs["sglang"]
     elif variant.startswith("alpha="):
         spec, alpha = specs["marconi"], float(variant.split("=", 1)[1])
+    elif variant.startswith("xalpha="):
+        spec, base["alpha"] = specs["marconi"], float(variant.split("=", 1)[1])
+        base["marconi_score"] = "product"
     elif variant == "marconi_joint":
         spec, base["pooled_eviction"] = specs["marconi"], "utility"
+    elif variant == "default_shared":
+        spec, base["anchor_admission"] = specs["default"], "shared"
     else:
         spec = specs[variant]
     t0 = time.perf_counter()
@@ -76,11 +86,14 @@ def gap_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for key in sorted({(r["trace"], r["budget_bytes"]) for r in rows}):
         at = {r["variant"]: r for r in rows if (r["trace"], r["budget_bytes"]) == key}
-        fixed = {v: r["token_hit_rate"] for v, r in at.items() if v.startswith("alpha=")}
+        fixed = {v: r["token_hit_rate"] for v, r in at.items() if "alpha=" in v}
         best_v = max(fixed, key=lambda v: (fixed[v], -float(v.split("=")[1])))
+        sums = {v: f for v, f in fixed.items() if v.startswith("alpha=")}
         lru, best = at["lru"]["token_hit_rate"], fixed[best_v]
         line: dict[str, Any] = {"trace": key[0], "budget_gib": round(key[1] / 2**30, 2),
-                                "lru": lru, "best_fixed": best, "best_alpha": best_v.split("=")[1]}
+                                "lru": lru, "best_fixed": best,
+                                "best_alpha": best_v.replace("xalpha=", "x").replace("alpha=", ""),
+                                "best_sum_fixed": max(sums.values())}
         for name in ("marconi", "marconi_window", "marconi_joint"):
             v = at[name]["token_hit_rate"]
             vs_lru = 100 * (v - lru)
@@ -119,7 +132,25 @@ def per_block_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> str:
+def anchor_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``default`` with every computed anchor page vs only pages inside shared tokens."""
+    out = []
+    for key in sorted({(r["trace"], r["budget_bytes"]) for r in rows if r["variant"] in ANCHOR_VARIANTS}):
+        at = {r["variant"]: r for r in rows if (r["trace"], r["budget_bytes"]) == key}
+        line: dict[str, Any] = {"trace": key[0], "budget_gib": round(key[1] / 2**30, 2)}
+        for v in ANCHOR_VARIANTS:
+            r = at[v]
+            replayed = r["approx_hit_tokens"] / max(1, r["prompt_tokens"])
+            line[f"{v}_exact"] = r["token_hit_rate"] - replayed
+            line[f"{v}_replayed"] = replayed
+            line[f"{v}_anchor_gb"] = r["stored_bytes"].get("anchor", 0) / 1e9
+            line[f"{v}_flops_saved"] = r["flops_saved_frac"]
+        out.append(line)
+    return out
+
+
+def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]],
+             anchors: list[dict[str, Any]] | None = None) -> str:
     """Both tables, as the benchmark prints and writes them."""
     cols = ["trace", "GiB", "LRU", "best fixed (alpha)", "auto (shadow)", "vs LRU (pts)",
             "vs best (%)", "shadow", "auto (window, v1)", "v1 vs LRU", "v1 vs best", "v1",
@@ -144,6 +175,13 @@ def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> str:
             lines.append(f"| {b['budget_gib']} | {b['vllm_block']:.4f} | {b['marconi_exact']:.4f} | "
                          f"{b['ratio_marconi']:.2f}x | {b['default_exact']:.4f} | {b['default_replayed']:.4f} | "
                          f"{b['ratio_default_exact']:.2f}x | {b['ratio_default_all']:.2f}x |")
+    if anchors:
+        lines += ["", "| trace | GiB | all pages: exact | replayed | anchor GB written | FLOPs saved | "
+                  "shared only: exact | replayed | anchor GB written | FLOPs saved |", "|---|" * 10]
+        for a in anchors:
+            lines.append("| " + " | ".join([a["trace"], str(a["budget_gib"])] + [
+                f"{a[f'{v}_{k}']:.4f}" for v in ANCHOR_VARIANTS
+                for k in ("exact", "replayed", "anchor_gb", "flops_saved")]) + " |")
     return "\n".join(lines) + "\n"
 
 

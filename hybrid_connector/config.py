@@ -125,6 +125,9 @@ class HybridConfig(_Strict):
     eviction: Literal["lru", "marconi", "marconi_reference"] = "marconi"
     alpha: float | Literal["auto"] = "auto"  # finite >= 0 (see _alpha)
     alpha_objective: Literal["flops", "token_hits"] = "flops"
+    # a fixed alpha's score: Marconi's recency + alpha * efficiency ("sum") or the aging
+    # recency * (1 + alpha * efficiency) ("product", policies.marconi.product_utility)
+    marconi_score: Literal["sum", "product"] = "sum"
     alpha_grid: tuple[NonNegFinite, ...] = Field(
         tuple(round(0.1 * i, 1) for i in range(21)), strict=False
     )
@@ -133,11 +136,13 @@ class HybridConfig(_Strict):
     # alpha: auto. "shadow": twin caches per candidate (policies/shadow_tuner.py);
     # "window": grid search over replays of a recent window (policies/tuner.py).
     alpha_tuner: Literal["shadow", "window"] = "shadow"
-    shadow_alphas: tuple[NonNegFinite, ...] = Field((0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0), min_length=1,
+    shadow_alphas: tuple[NonNegFinite, ...] = Field((0.0, 0.5, 2.0, 8.0, 32.0), min_length=1,
                                                     strict=False)
     shadow_lru: bool = True  # offer LRU with whole-path refresh (SGLang-style) as a candidate
-    shadow_z: float = Field(2.0, ge=0.0, allow_inf_nan=False)  # standard errors a switch needs
-    shadow_start: NonNegFinite | Literal["lru"] = 1.0  # the candidate before any evidence
+    shadow_z: float = Field(3.0, ge=0.0, allow_inf_nan=False)  # standard errors a switch needs
+    shadow_start: NonNegFinite | Literal["lru"] = "lru"  # the candidate before any evidence
+    # how candidates combine recency and FLOPs/byte: Marconi's sum, the aging product, or both
+    shadow_score: Literal["sum", "product", "both"] = "both"
     # KV and states in one budget: which kind gives up bytes. "kind_order": the kind being
     # saved first; "utility": whichever best victim has the lower Marconi utility.
     pooled_eviction: Literal["kind_order", "utility"] = "kind_order"
@@ -146,6 +151,9 @@ class HybridConfig(_Strict):
     placement_decay: float = Field(0.99, gt=0.0, le=1.0)
     anchor_page_size: int = Field(64, gt=0)
     anchor_density: float = Field(0.25, ge=0.0, le=1.0)
+    # "shared": anchor pages only inside tokens another request already brought (Marconi's
+    # admission applied to anchors); "all": every page the request computed.
+    anchor_admission: Literal["all", "shared"] = "all"
     replay: bool = False
     replay_budget_frac: float = Field(0.05, gt=0.0, le=1.0)
     replay_max_tokens: int = Field(2048, gt=0)

@@ -110,6 +110,9 @@ class RequestSession:
         self.loaded: LoadResult | None = None
         self.hit = 0
         self.kv_done = self.saves.kv_from  # first token whose KV is not saved yet
+        # Tokens another request already brought (cached KV, or up to the branch point):
+        # with ``anchor_admission: shared`` only anchor pages inside them are saved.
+        self.shared = max(self.saves.kv_from, self.saves.branch_point or 0)
         self._leaf: tuple[int, int] | None = None  # where this request's last save ended
 
     # ------------------------------------------------------------------ load
@@ -153,7 +156,15 @@ class RequestSession:
         if ranges:
             self.kv_done = ranges[-1][1]
         items += [SaveItem(ObjectKind.STATE, q, q, t) for q, t in sorted(states.items())]
-        return [*items, *extra]
+        return [*items, *self._admit_anchors(extra)]
+
+    def _admit_anchors(self, extra: Iterable[SaveItem]) -> list[SaveItem]:
+        """``extra`` less the anchor pages ``anchor_admission: shared`` refuses: Marconi's
+        admission rule applied to anchors (reuse is predicted where a prefix was already
+        shared; a prefix seen once, the common case, gets none)."""
+        if self.cache.config.anchor_admission == "all":
+            return list(extra)
+        return [it for it in extra if it.kind is not ObjectKind.ANCHOR or it.end <= self.shared]
 
     def save_prefill(self, kv: KVFn | None, states: Mapping[int, torch.Tensor],
                      extra: Iterable[SaveItem] = ()) -> SaveResult:
@@ -181,7 +192,7 @@ class RequestSession:
         items = [SaveItem(ObjectKind.KV, s, e, kv(s, e)) for s, e in ranges] if kv else []
         self.kv_done = m
         items += [SaveItem(ObjectKind.STATE, q, q, t) for q, t in sorted(states.items())]
-        items += list(extra)
+        items += self._admit_anchors(extra)
         return self.cache.finish(self.tokens, items, prompt_len=self.n, hashes=self.hasher,
                                  start=self._leaf)
 

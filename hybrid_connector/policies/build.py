@@ -72,8 +72,11 @@ ShadowSource = Callable[
 
 def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, object]:
     """``ShadowTuner`` keyword arguments from the config."""
-    offered = candidates(config.shadow_alphas, config.shadow_lru)
-    start = LRU if config.shadow_start == "lru" else Candidate(float(config.shadow_start))
+    scores = ("sum", "product") if config.shadow_score == "both" else (config.shadow_score,)
+    offered = tuple(dict.fromkeys(c for sc in scores for c in candidates(
+        config.shadow_alphas, config.shadow_lru, sc)))
+    a0 = 0.0 if config.shadow_start == "lru" else float(config.shadow_start)
+    start = LRU if a0 == 0 else Candidate(a0, False, scores[-1])
     if start not in offered:
         offered = (*offered, start)
     return {"offered": offered, "start": start, "z": config.shadow_z, "background": background}
@@ -105,7 +108,8 @@ def eviction(config: HybridConfig, replayers: ReplayerSource | None = None,
             def make(geo: ModelGeometry, snap: Mapping[ObjectKind, int]) -> Tuner:
                 return AlphaTuner(replay(geo, snap), **wopts)  # type: ignore[arg-type]
         return MarconiEviction(alpha=alpha, accounting=acct, tuner_factory=make,
-                               joint_pool=config.pooled_eviction == "utility")
+                               joint_pool=config.pooled_eviction == "utility",
+                               score=config.marconi_score)
     raise NotImplementedError(f"eviction policy {config.eviction!r} is not built yet")
 
 

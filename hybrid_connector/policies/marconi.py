@@ -64,6 +64,15 @@ def utility(
     return nr + alpha * ne
 
 
+def product_utility(r: float, e: float, emin: float, emax: float, alpha: float) -> float:
+    """``recency * (1 + alpha * norm(e))``: efficiency buys at most a factor ``1 + alpha``
+    of age, so a dead node ages out whatever its efficiency (GreedyDual-Size-like), where
+    the additive form keeps the top-efficiency node for ever once ``alpha`` exceeds the
+    recency spread (1). Monotone in both terms, like ``utility``."""
+    ne = (e - emin) / (emax - emin) if emax > emin else 0.0
+    return r * (1.0 + alpha * ne)
+
+
 def base_depth(node: Node) -> int:
     """Depth a hit falls back to if ``node`` is evicted: its nearest ancestor that keeps
     existing on its own (holds a state, branches, or is the root). Stateless single-child
@@ -120,9 +129,13 @@ class MarconiEviction(EvictionPolicy):
         tuner: Tuner | None = None,
         tuner_factory: TunerFactory | None = None,
         joint_pool: bool = False,
+        score: str = "sum",
     ) -> None:
         if alpha is not None and alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if score not in ("sum", "product"):
+            raise ValueError(f"score must be 'sum' or 'product', got {score!r}")
+        self.score = score
         self.auto = alpha is None
         self.alpha = 0.0 if alpha is None else float(alpha)
         self._accounting_factory = accounting
@@ -216,10 +229,16 @@ class MarconiEviction(EvictionPolicy):
         now = self._now
         rmin, rmax = recency(now, min(t_ends)), recency(now, max(t_ends))
         emin, emax = min(e_ends), max(e_ends)
-        u = {k: utility(recency(now, last), eff, rmin, rmax, emin, emax, self.alpha)
+        u = {k: self._utility(recency(now, last), eff, rmin, rmax, emin, emax, self.alpha)
              for k, (last, eff) in best.items()}
         first = min(u, key=lambda k: (u[k], k is not kinds[0]))
         return (first, *(k for k in kinds if k is not first))
+
+    def _utility(self, r: float, e: float, rmin: float, rmax: float, emin: float, emax: float,
+                 alpha: float) -> float:
+        if self.score == "product":
+            return product_utility(r, e, emin, emax, alpha)
+        return utility(r, e, rmin, rmax, emin, emax, alpha)
 
     def _choose(self, kind: ObjectKind) -> Node | None:
         if kind is ObjectKind.ANCHOR:
@@ -279,12 +298,12 @@ class MarconiEviction(EvictionPolicy):
                 if not self.evictable(entry.node, kind):
                     continue
                 last, eff = entry.keys[kind]
-                u = utility(recency(now, last), eff, rmin, rmax, emin, emax, alpha)
+                u = self._utility(recency(now, last), eff, rmin, rmax, emin, emax, alpha)
                 if best is None or (u, nid) < best:
                     best, best_node = (u, nid), entry.node
             t, e = next(t_it, None), next(e_it, None)
             if best is not None and t is not None and e is not None:
-                bound = utility(recency(now, t[0]), e[0], rmin, rmax, emin, emax, alpha)
+                bound = self._utility(recency(now, t[0]), e[0], rmin, rmax, emin, emax, alpha)
                 if bound > best[0]:
                     break
         return best_node
@@ -402,7 +421,7 @@ class MarconiEviction(EvictionPolicy):
         self.tuner = tuner
         cur = getattr(tuner, "current", None)
         if self.auto and isinstance(cur, Candidate):
-            self.alpha, self.refresh_path = cur.alpha, cur.refresh_path
+            self.alpha, self.refresh_path, self.score = cur.alpha, cur.refresh_path, cur.score
 
     def _adopt(self) -> None:
         assert self.tuner is not None
@@ -410,7 +429,7 @@ class MarconiEviction(EvictionPolicy):
         if got is None or not self.auto:
             return
         if isinstance(got, Candidate):
-            self.refresh_path = got.refresh_path
+            self.refresh_path, self.score = got.refresh_path, got.score
             got = got.alpha
         self.alpha = float(got)
         self.alpha_history.append((self._requests, self.alpha))
@@ -435,6 +454,12 @@ class FullWalkMarconi(MarconiEviction):
 
     name = "marconi_full_walk"
 
+    def _utility(self, r: float, e: float, rmin: float, rmax: float, emin: float, emax: float,
+                 alpha: float) -> float:
+        if self.score == "product":
+            return product_utility(r, e, emin, emax, alpha)
+        return utility(r, e, rmin, rmax, emin, emax, alpha)
+
     def _choose(self, kind: ObjectKind) -> Node | None:
         if kind is ObjectKind.ANCHOR:
             return super()._choose(kind)
@@ -448,4 +473,4 @@ class FullWalkMarconi(MarconiEviction):
         rmin, rmax = min(rs.values()), max(rs.values())
         emin, emax = min(effs.values()), max(effs.values())
         return min(cands, key=lambda n: (
-            utility(rs[n.id], effs[n.id], rmin, rmax, emin, emax, self.alpha), n.id))
+            self._utility(rs[n.id], effs[n.id], rmin, rmax, emin, emax, self.alpha), n.id))

@@ -23,15 +23,18 @@ class TunerRequest:
 
 
 class Candidate(NamedTuple):
-    """One setting of the Marconi policy: its alpha, and whether an access refreshes the
-    whole path (SGLang-style) or only the last node (Marconi)."""
+    """One setting of the Marconi policy: its alpha, whether an access refreshes the whole
+    path (SGLang-style) or only the last node (Marconi), and how recency and efficiency
+    combine (``"sum"``: Marconi's; ``"product"``: ``marconi.product_utility``)."""
 
     alpha: float
     refresh_path: bool = False
+    score: str = "sum"
 
     @property
     def label(self) -> str:
-        return f"{self.alpha:g}{'/path' if self.refresh_path else ''}"
+        return (f"{'x' if self.score == 'product' else ''}{self.alpha:g}"
+                f"{'/path' if self.refresh_path else ''}")
 
 
 LRU = Candidate(0.0, True)

@@ -107,7 +107,8 @@ def _auto(
     def make(config: HybridConfig, geometry: ModelGeometry, budget: Budget) -> EvictionPolicy:
         if config.alpha != "auto":
             return MarconiEviction(alpha=float(config.alpha), accounting=accounting,
-                                   joint_pool=config.pooled_eviction == "utility")
+                                   joint_pool=config.pooled_eviction == "utility",
+                                   score=config.marconi_score)
         objective = build.objective(config)
         replayer = CacheReplayer(
             config, geometry, budget, lambda: admission(config), accounting, objective, anchors

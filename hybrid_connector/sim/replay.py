@@ -82,7 +82,7 @@ class CacheShadow:
         self.sim = Simulator(
             replayer.config, replayer.geometry, replayer.budget,
             eviction=MarconiEviction(alpha=candidate.alpha, accounting=replayer.accounting,
-                                     refresh_path=candidate.refresh_path,
+                                     refresh_path=candidate.refresh_path, score=candidate.score,
                                      joint_pool=replayer.config.pooled_eviction == "utility"),
             admission=replayer.admission(), anchors=replayer.anchors,
         )

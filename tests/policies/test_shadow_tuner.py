@@ -55,13 +55,13 @@ def test_noise_alone_never_switches() -> None:
 
     t = ShadowTuner(make, candidates((0.0, 0.5, 1.0, 2.0)), background=False)
     t.start(0)
-    assert _feed(t, 1500) == [] and t.current == Candidate(1.0)
+    assert _feed(t, 1500) == [] and t.current == LRU
     assert all(tw.steps == 1500 for tw in twins)
 
 
 def test_a_consistent_gain_switches_once_and_not_before_the_first_eviction() -> None:
     t = ShadowTuner(lambda c: Scripted(c, lambda c: 10.0 + (c.alpha == 2.0)), candidates((0.0, 1.0, 2.0)),
-                    background=False)
+                    start=Candidate(1.0), background=False)
     assert _feed(t, 200) == []  # before start: no decision, however clear
     t.start(200)
     assert _feed(t, 200) == [Candidate(2.0)] and t.current == Candidate(2.0)
@@ -75,11 +75,11 @@ def test_falls_back_to_lru_on_weaker_evidence_than_a_move_away_needs() -> None:
         return lambda c: 10.0 + 0.2 * (c == gainer)
 
     lru = ShadowTuner(lambda c: Scripted(c, mean(LRU)), candidates((1.0, 2.0)), z=4.0, z_fallback=1.0,
-                      background=False)
+                      start=Candidate(1.0), background=False)
     lru.start(0)
     assert _feed(lru, 300) == [LRU]
     other = ShadowTuner(lambda c: Scripted(c, mean(Candidate(2.0))), candidates((1.0, 2.0)), z=4.0,
-                        z_fallback=1.0, background=False)
+                        z_fallback=1.0, start=Candidate(1.0), background=False)
     other.start(0)
     assert _feed(other, 300) == []
 
@@ -107,7 +107,7 @@ def test_background_steps_off_the_callers_thread_and_close_is_idempotent() -> No
         twins.append(Scripted(c, lambda c: 10.0 + 5 * (c == LRU), noise=0.1))
         return twins[-1]
 
-    t = ShadowTuner(make, candidates((1.0,)), background=True)
+    t = ShadowTuner(make, candidates((1.0,)), start=Candidate(1.0), background=True)
     t.start(0)
     for _ in range(100):
         t.record(np.arange(3, 20), 10)

@@ -237,22 +237,26 @@ def run_gaps(args: argparse.Namespace) -> int:
         foot = footprint_bytes(recs, geo.kv_bytes_per_token())
         print(f"trace {name}: {len(recs)} requests, footprint {foot / 2**30:.2f} GiB")
         for frac in pg.FRACTIONS.get(name, pg.FRACTIONS["*"]):
-            jobs += [(name, key, int(foot * frac), v) for v in pg.variants(name)]
+            jobs += [(name, key, int(foot * frac), v) for v in pg.variants(name)
+                     if not args.only or v in args.only.split(",")]
     jobs.sort(key=lambda j: j[3] not in ("vllm_block", "default", "default_shared", "marconi",
                                          "marconi_joint", "marconi_window"))
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(progress(pool.map(gap_job, jobs), len(jobs), "simulations"))
     print(f"{len(jobs)} simulations in {time.perf_counter() - t0:.1f}s")
-    gaps, blocks, anchors = pg.gap_rows(rows), pg.per_block_rows(rows), pg.anchor_rows(rows)
-    stem = Path(args.out) / ("policy_gaps_quick" if args.quick else "policy_gaps")
+    gaps = pg.gap_rows(rows) if not args.only else []
+    blocks, anchors, placement = pg.per_block_rows(rows), pg.anchor_rows(rows), pg.placement_rows(rows)
+    name = args.stem or ("policy_gaps_quick" if args.quick else "policy_gaps")
+    stem = Path(args.out) / name
     stem.parent.mkdir(parents=True, exist_ok=True)
-    md = pg.markdown(gaps, blocks, anchors)
+    md = pg.markdown(gaps, blocks, anchors, placement)
     stem.with_suffix(".md").write_text(md)
     stem.with_suffix(".json").write_text(json.dumps(
-        {"gaps": gaps, "per_block": blocks, "anchors": anchors, "rows": [{k: v for k, v in r.items()} for r in rows]},
+        {"gaps": gaps, "per_block": blocks, "anchors": anchors, "placement": placement, "rows": [{k: v for k, v in r.items()} for r in rows]},
         indent=1, default=str))
-    pg.plot(gaps, stem.with_suffix(".png"))
+    if gaps:
+        pg.plot(gaps, stem.with_suffix(".png"))
     print(md)
     print(f"wrote {stem}.json, .md, .png")
     return 0
@@ -262,6 +266,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small traces (a few minutes on 2 cores)")
     ap.add_argument("--suite", choices=("gaps", "baselines", "all"), default="gaps")
+    ap.add_argument("--only", default="", help="gaps suite: only these variants (comma list)")
+    ap.add_argument("--stem", default="", help="gaps suite: output file stem")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()

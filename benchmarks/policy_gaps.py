@@ -33,6 +33,9 @@ VARIANTS = ("lru", *(f"alpha={a:g}" for a in DEFAULT_ALPHAS),
 AGENTIC_ONLY = ("vllm_block",)
 ANCHOR_TRACES = ("agentic", "oneshot", "chat")  # default with and without anchor_admission: shared
 ANCHOR_VARIANTS = ("default", "default_shared")
+PLACEMENT_TRACES = ("agentic", "docqa", "sysprompt")  # placement on one prefix vs over the tree
+PLACEMENT_VARIANTS = ("placement", "placement_tree")
+PLACEMENT_ALPHA = 2.0
 TRACES_FULL = {
     "agentic": ("agentic", (10, 20, 0), {"sessions_per_second": 1.0, "side_calls": 2.0}),
     "chat": ("chat", (24, 10, 0), {"lengths": "sharegpt", "num_system_prompts": 4, "session_gap": 2.0}),
@@ -52,7 +55,8 @@ FRACTIONS = {"agentic": (0.03, 0.06, 0.12), "*": (0.1, 0.25, 0.5)}
 
 def variants(trace: str) -> tuple[str, ...]:
     return (VARIANTS + (AGENTIC_ONLY if trace == "agentic" else ())
-            + (ANCHOR_VARIANTS if trace in ANCHOR_TRACES else ()))
+            + (ANCHOR_VARIANTS if trace in ANCHOR_TRACES else ())
+            + (PLACEMENT_VARIANTS if trace in PLACEMENT_TRACES else ()))
 
 
 def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict[str, Any]:
@@ -70,6 +74,8 @@ def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict
         base["marconi_score"] = "product"
     elif variant == "marconi_joint":
         spec, base["pooled_eviction"] = specs["marconi"], "utility"
+    elif variant in PLACEMENT_VARIANTS:  # at one fixed alpha, so placement alone differs
+        spec, base["alpha"], base["placement_tree"] = specs["placement"], PLACEMENT_ALPHA, variant.endswith("tree")
     elif variant == "default_shared":
         spec, base["anchor_admission"] = specs["default"], "shared"
     else:
@@ -132,6 +138,24 @@ def per_block_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def placement_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Sparse placement keyed by one prefix vs projected over the tree, and no placement,
+    all at alpha ``PLACEMENT_ALPHA``."""
+    out = []
+    for key in sorted({(r["trace"], r["budget_bytes"]) for r in rows if r["variant"] in PLACEMENT_VARIANTS}):
+        at = {r["variant"]: r for r in rows if (r["trace"], r["budget_bytes"]) == key}
+        if not all(v in at for v in PLACEMENT_VARIANTS):
+            continue
+        line: dict[str, Any] = {"trace": key[0], "budget_gib": round(key[1] / 2**30, 2)}
+        for v in (f"alpha={PLACEMENT_ALPHA:g}", *PLACEMENT_VARIANTS):
+            if v in at:
+                line[v] = at[v]["token_hit_rate"]
+                line[f"{v}_flops"] = at[v]["flops_saved_frac"]
+                line[f"{v}_states"] = at[v]["states_saved"]
+        out.append(line)
+    return out
+
+
 def anchor_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``default`` with every computed anchor page vs only pages inside shared tokens."""
     out = []
@@ -150,7 +174,8 @@ def anchor_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]],
-             anchors: list[dict[str, Any]] | None = None) -> str:
+             anchors: list[dict[str, Any]] | None = None,
+             placement: list[dict[str, Any]] | None = None) -> str:
     """Both tables, as the benchmark prints and writes them."""
     cols = ["trace", "GiB", "LRU", "best fixed (alpha)", "auto (shadow)", "vs LRU (pts)",
             "vs best (%)", "shadow", "auto (window, v1)", "v1 vs LRU", "v1 vs best", "v1",
@@ -175,6 +200,15 @@ def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]],
             lines.append(f"| {b['budget_gib']} | {b['vllm_block']:.4f} | {b['marconi_exact']:.4f} | "
                          f"{b['ratio_marconi']:.2f}x | {b['default_exact']:.4f} | {b['default_replayed']:.4f} | "
                          f"{b['ratio_default_exact']:.2f}x | {b['ratio_default_all']:.2f}x |")
+    if placement:
+        lines += ["", f"| trace | GiB | Marconi alpha {PLACEMENT_ALPHA:g} | placement (one prefix) | FLOPs saved | states | "
+                  "placement (tree) | FLOPs saved | states |", "|---|" * 9]
+        for p in placement:
+            lines.append("| " + " | ".join([p["trace"], str(p["budget_gib"]),
+                                            f"{p[f'alpha={PLACEMENT_ALPHA:g}']:.4f}"
+                                            if f"alpha={PLACEMENT_ALPHA:g}" in p else "-"] + [
+                f"{p[f'{v}{k}']:.4f}" if k != "_states" else str(p[f"{v}{k}"])
+                for v in PLACEMENT_VARIANTS for k in ("", "_flops", "_states")]) + " |")
     if anchors:
         lines += ["", "| trace | GiB | all pages: exact | replayed | anchor GB written | FLOPs saved | "
                   "shared only: exact | replayed | anchor GB written | FLOPs saved |", "|---|" * 10]

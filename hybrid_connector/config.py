@@ -149,6 +149,7 @@ class HybridConfig(_Strict):
     placement_slots: int = Field(0, ge=0)  # checkpoint slots per long shared prefix
     placement_bin: int = Field(64, gt=0)
     placement_decay: float = Field(0.99, gt=0.0, le=1.0)
+    placement_tree: bool = False  # project observed depths onto each prompt's own path
     anchor_page_size: int = Field(64, gt=0)
     anchor_density: float = Field(0.25, ge=0.0, le=1.0)
     # "shared": anchor pages only inside tokens another request already brought (Marconi's

@@ -119,7 +119,8 @@ def admission(config: HybridConfig) -> AdmissionPolicy:
         inner = MarconiAdmission()
         if config.placement_slots > 0:
             return PlacementAdmission(
-                inner, config.placement_slots, config.placement_bin, config.placement_decay
+                inner, config.placement_slots, config.placement_bin, config.placement_decay,
+                tree=config.placement_tree,
             )
         return inner
     if config.admission == "every_block":

@@ -13,6 +13,9 @@ observed for the prompt's shared prefix:
   tokens, snapped down to the engine alignment, and kept only inside the prompt. With no
   data yet for a key, ``cold_start`` decides: balanced spacing over the prompt, or nothing.
 * Trackers are kept for at most ``max_keys`` prefixes (least recently seen dropped).
+* ``tree=True``: observations are projected onto the path of the prompt being planned
+  (``placement_tree.TreeDepths``), so depths seen down one branch do not place
+  checkpoints on another.
 
 The cache asks ``state_positions`` from ``plan_saves`` (no side effects on the cache);
 recording the depth is this policy's own bookkeeping.
@@ -27,6 +30,7 @@ import numpy as np
 from hybrid_connector.policies.admission import align_down
 from hybrid_connector.policies.base import AdmissionPolicy
 from hybrid_connector.policies.placement import balanced, solve_dp
+from hybrid_connector.policies.placement_tree import TreeDepths, bin_chain
 from hybrid_connector.radix import MatchResult, RadixTree
 
 
@@ -92,6 +96,7 @@ class PlacementAdmission(AdmissionPolicy):
         min_prompt: int = 0,
         replan_every: int = 10,
         max_keys: int = 4096,
+        tree: bool = False,
     ) -> None:
         if slots < 0:
             raise ValueError(f"slots must be >= 0, got {slots}")
@@ -104,7 +109,8 @@ class PlacementAdmission(AdmissionPolicy):
         self.min_prompt = max(min_prompt, 2 * bin_tokens)
         self.replan_every = replan_every
         self.max_keys = max_keys
-        self.trackers: OrderedDict[bytes, DepthHistogram] = OrderedDict()
+        self.tree = tree
+        self.trackers: OrderedDict[bytes, DepthHistogram | TreeDepths] = OrderedDict()
 
     def state_positions(
         self, tree: RadixTree, match: MatchResult, tokens: np.ndarray, alignment: int
@@ -115,16 +121,27 @@ class PlacementAdmission(AdmissionPolicy):
             return base
         key = tokens[: self.key_tokens].tobytes()
         hist = self.trackers.get(key)
+        chain = bin_chain(tokens, self.bin) if self.tree else None
         if hist is None:
-            hist = self.trackers[key] = DepthHistogram(self.bin, self.decay, self.replan_every)
+            hist = self.trackers[key] = (TreeDepths(self.bin, self.decay) if self.tree else
+                                         DepthHistogram(self.bin, self.decay, self.replan_every))
             if len(self.trackers) > self.max_keys:
                 self.trackers.popitem(last=False)
             if not self.cold_start:
                 return base
         else:
             self.trackers.move_to_end(key)
-            hist.observe(match.length)
-        extra = [align_down(b * self.bin, alignment) for b in hist.plan(n // self.bin, self.slots)]
+            if isinstance(hist, TreeDepths):
+                assert chain is not None
+                hist.observe(match.length, chain)
+            else:
+                hist.observe(match.length)
+        if isinstance(hist, TreeDepths):
+            assert chain is not None
+            bins = hist.plan(chain, n // self.bin, self.slots)
+        else:
+            bins = hist.plan(n // self.bin, self.slots)
+        extra = [align_down(b * self.bin, alignment) for b in bins]
         return tuple(sorted(set(base) | {p for p in extra if 0 < p < n}))
 
     def admit_final(self, num_tokens: int) -> bool:

@@ -11,6 +11,7 @@ marconi            Marconi admission, Marconi eviction, auto alpha (shadows)   1
 marconi_window     as marconi, alpha from window replays (the v1 tuner)        1
 marconi_reference  as marconi with the reference simulator's accounting        1
 oracle             Marconi with the best fixed alpha in hindsight (grid)       1
+placement          Marconi + sparse checkpoint placement, auto alpha           1
 default            Marconi + sparse placement + anchors with suffix replay     1
 =================  ==========================================================  =========
 
@@ -130,7 +131,8 @@ def _marconi_adm(config: HybridConfig) -> AdmissionPolicy:
 
 def _placement_adm(config: HybridConfig) -> AdmissionPolicy:
     return PlacementAdmission(
-        MarconiAdmission(), config.placement_slots, config.placement_bin, config.placement_decay
+        MarconiAdmission(), config.placement_slots, config.placement_bin, config.placement_decay,
+        tree=config.placement_tree,
     )
 
 
@@ -169,6 +171,10 @@ def baseline_specs(
         PolicySpec("oracle", "Marconi, best fixed alpha in hindsight",
                    {"eviction": "marconi", "alpha_grid": grid}, None, _marconi_adm,
                    alpha_grid=grid),
+        PolicySpec("placement", "Marconi + sparse placement, auto alpha (no anchors)",
+                   {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid,
+                    "placement_slots": placement_slots},
+                   _auto(CorrectedAccounting, _placement_adm, False), _placement_adm),
         PolicySpec("default", "Marconi + placement + anchors (replay, approximate)",
                    {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid,
                     "placement_slots": placement_slots, "replay": True},

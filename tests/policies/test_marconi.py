@@ -35,7 +35,8 @@ class Checked(MarconiEviction):
 
     def bind(self, tree, geometry, evictable) -> None:
         super().bind(tree, geometry, evictable)
-        self.ref = FullWalkMarconi(alpha=self.alpha, accounting=self._accounting_factory)
+        self.ref = FullWalkMarconi(alpha=self.alpha, accounting=self._accounting_factory,
+                                   score=self.score)
         self.ref.bind(tree, geometry, evictable)
         self.checked = 0
 
@@ -55,15 +56,17 @@ def _replay(sim: Simulator, records) -> None:
 
 
 @pytest.mark.parametrize(
-    ("alpha", "refresh_path", "reference", "pooled"),
-    [(0.0, True, False, True), (0.7, False, False, True), (2.0, False, True, True),
-     (1.3, False, False, False)],
+    ("alpha", "refresh_path", "reference", "pooled", "score"),
+    [(0.0, True, False, True, "sum"), (0.7, False, False, True, "sum"), (2.0, False, True, True, "sum"),
+     (1.3, False, False, False, "sum"), (4.0, False, False, True, "product"),
+     (16.0, False, False, False, "product")],
 )
-def test_incremental_index_matches_full_walk(geo, sim_config, alpha, refresh_path, reference, pooled) -> None:
+def test_incremental_index_matches_full_walk(geo, sim_config, alpha, refresh_path, reference, pooled,
+                                             score) -> None:
     from hybrid_connector.policies.accounting import CorrectedAccounting
 
     acct = ReferenceAccounting if reference else CorrectedAccounting
-    pol = Checked(alpha=alpha, refresh_path=refresh_path, accounting=acct)
+    pol = Checked(alpha=alpha, refresh_path=refresh_path, accounting=acct, score=score)
     if pooled:
         budget = Budget.pooled(int(3e9))
     else:

@@ -411,6 +411,10 @@ class MarconiEviction(EvictionPolicy):
             tuner = self._tuner_factory(self.geometry, snapshot)
             self._attach(tuner)
             self._tuner_factory = None
+            prime = getattr(tuner, "prime", None)
+            if prime is not None:
+                prime(list(self._prelog))
+                self._prelog.clear()
             while self._prelog:
                 tuner.record(*self._prelog.popleft())
         if self.tuner is not None and not self.tuner.started:

@@ -36,7 +36,10 @@ Contract:
   ``max_alpha``) is added and caught up by replaying the kept request log through it.
 * ``poll()`` hands each decision to the policy once; the tuner never touches the live
   cache. Memory: the request log and score history, bounded by ``horizon``; compute:
-  one shadow step per candidate per request, off the request path when backgrounded.
+  one shadow step per candidate per request on the worker thread (``background``); when
+  the worker is ``max_backlog`` requests behind, new requests are skipped by every shadow
+  alike (counted in ``skipped``) rather than queued without bound. The worker holds the
+  GIL while it steps, as the v1 window replays did.
 """
 
 from __future__ import annotations
@@ -105,6 +108,7 @@ class ShadowTuner:
         horizon: int = 4000,
         max_alpha: float = 64.0,
         background: bool = True,
+        max_backlog: int = 64,
     ) -> None:
         if not offered or any(c.alpha < 0 for c in offered):
             raise ValueError(f"candidates must be non-empty with alpha >= 0, got {offered}")
@@ -116,6 +120,8 @@ class ShadowTuner:
         self.min_gain, self.block = float(min_gain), int(block)
         self.check_every, self.horizon, self.max_alpha = int(check_every), int(horizon), max_alpha
         self.background = background
+        self.max_backlog = max_backlog
+        self.skipped = 0  # requests no shadow saw (the worker was ``max_backlog`` behind)
         if start not in self.offered:
             raise ValueError(f"start {start} is not among the candidates {self.offered}")
         self.current = start
@@ -152,7 +158,26 @@ class ShadowTuner:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="shadow-tuner")
         self._pending = [f for f in self._pending if not f.done()]
+        if len(self._pending) >= self.max_backlog:
+            self.skipped += 1  # every shadow skips it alike, so the pairing stays exact
+            return
         self._pending.append(self._pool.submit(self._step, req, started))
+
+    def prime(self, requests: Sequence[tuple[np.ndarray, int]]) -> None:
+        """Feed requests the live cache served before this tuner existed, as one job (not
+        subject to ``max_backlog``): the twins then start where the live cache stands."""
+        reqs = [TunerRequest(np.asarray(t, dtype=np.int64), int(p)) for t, p in requests]
+
+        def run() -> None:
+            for r in reqs:
+                self._step(r, False)
+
+        if not self.background:
+            run()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="shadow-tuner")
+        self._pending.append(self._pool.submit(run))
 
     def poll(self) -> Candidate | None:
         """The candidate of a switch decided since the last poll, else ``None``."""
@@ -225,12 +250,18 @@ class ShadowTuner:
         for row, s in zip(self._scores, column, strict=True):
             row.append(s)
 
+    def drain(self) -> None:
+        """Wait until the worker has stepped every queued request (tests, benchmarks)."""
+        for f in list(self._pending):
+            f.result()
+
     def close(self) -> None:
-        """Stop the worker (queued steps finish) and close every shadow. Idempotent; a
-        closed tuner steps inline if fed again."""
+        """Stop the worker (the running step finishes, queued ones are dropped) and close
+        every shadow. Idempotent; a closed tuner steps inline if fed again."""
         self.background = False
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._pending = [f for f in self._pending if not f.cancelled()]
         for s in self._shadows or []:
             s.close()

@@ -102,7 +102,8 @@ def job(args: tuple[str, tuple[Any, ...], int, str, tuple[float, ...]]) -> dict[
 def eviction_microbench(n_sessions: int = 60) -> dict[str, float]:
     """Time per eviction: incremental index vs full walk, on the same large tree."""
     from hybrid_connector.config import load_config
-    from hybrid_connector.policies.marconi import FullWalkMarconi, MarconiEviction
+    from hybrid_connector.policies.marconi import MarconiEviction
+    from hybrid_connector.policies.marconi_fullwalk import FullWalkMarconi
     from hybrid_connector.sim.engine import Simulator
     from hybrid_connector.sim.store import Budget
 

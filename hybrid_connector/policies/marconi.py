@@ -32,7 +32,7 @@ refresh mode from twin caches); the policy then adopts it. A tuner built late (b
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from sortedcontainers import SortedList
@@ -41,61 +41,23 @@ from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
 from hybrid_connector.policies.accounting import Accounting, CorrectedAccounting
 from hybrid_connector.policies.base import Evictable, EvictionPolicy
-from hybrid_connector.policies.tuning import Candidate, Tuner
+from hybrid_connector.policies.marconi_terms import (
+    base_depth,
+    eligible,
+    product_utility,
+    recency,
+    structural_key,
+    utility,
+)
+from hybrid_connector.policies.marconi_tuning import TunedSetting, TunerFactory
+from hybrid_connector.policies.tuning import Tuner
 from hybrid_connector.radix import Node, RadixTree
 
+__all__ = ["MarconiEviction", "base_depth", "eligible", "product_utility", "recency",
+           "structural_key", "utility"]
+
 _RANKED = (ObjectKind.KV, ObjectKind.STATE)
-# (geometry, bytes per kind at the first eviction) -> the tuner
-TunerFactory = Callable[[ModelGeometry, Mapping[ObjectKind, int]], Tuner]
 PRELOG = 4000  # requests kept for a tuner built at the first eviction
-
-
-def recency(now: float, last_access: float) -> float:
-    """Marconi's recency score, ``1 / max(now - last_access, 1)`` (1 for the newest)."""
-    return 1.0 / max(now - last_access, 1.0)
-
-
-def utility(
-    r: float, e: float, rmin: float, rmax: float, emin: float, emax: float, alpha: float
-) -> float:
-    """``norm(r) + alpha * norm(e)``, min-max normalised (a constant term normalises to 0)."""
-    nr = (r - rmin) / (rmax - rmin) if rmax > rmin else 0.0
-    ne = (e - emin) / (emax - emin) if emax > emin else 0.0
-    return nr + alpha * ne
-
-
-def product_utility(r: float, e: float, emin: float, emax: float, alpha: float) -> float:
-    """``recency * (1 + alpha * norm(e))``: efficiency buys at most a factor ``1 + alpha``
-    of age, so a dead node ages out whatever its efficiency (GreedyDual-Size-like), where
-    the additive form keeps the top-efficiency node for ever once ``alpha`` exceeds the
-    recency spread (1). Monotone in both terms, like ``utility``."""
-    ne = (e - emin) / (emax - emin) if emax > emin else 0.0
-    return r * (1.0 + alpha * ne)
-
-
-def base_depth(node: Node) -> int:
-    """Depth a hit falls back to if ``node`` is evicted: its nearest ancestor that keeps
-    existing on its own (holds a state, branches, or is the root). Stateless single-child
-    ancestors in between (chunk-boundary splits) are released with the node, so the node's
-    value and freed bytes are measured over ``[base_depth, depth)``."""
-    cur = node.parent
-    while cur is not None and cur.parent is not None and cur.state is None and len(cur.children) == 1:
-        cur = cur.parent
-    return cur.depth if cur is not None else 0
-
-
-def structural_key(node: Node) -> tuple[int, int, bool, bool]:
-    """The accounting's arguments for ``node``: (depth, base depth, has state, is leaf)."""
-    return (node.depth, base_depth(node), node.state is not None, not node.children)
-
-
-def eligible(node: Node, kind: ObjectKind) -> bool:
-    """Structural candidacy (locks are the cache's ``evictable`` concern)."""
-    if kind is ObjectKind.KV:
-        return not node.children
-    if kind is ObjectKind.STATE:
-        return node.state is not None and len(node.children) <= 1
-    return bool(node.anchors)
 
 
 class _Entry:
@@ -110,7 +72,7 @@ class _Entry:
         self.keys: dict[ObjectKind, tuple[float, float]] = {}  # kind -> (last, eff) indexed
 
 
-class MarconiEviction(EvictionPolicy):
+class MarconiEviction(TunedSetting, EvictionPolicy):
     """Marconi's FLOP-aware eviction with an incremental candidate index.
 
     ``accounting``: built from the geometry at ``bind`` (default ``CorrectedAccounting``).
@@ -181,15 +143,6 @@ class MarconiEviction(EvictionPolicy):
         self._unindex(entry)
         self._dirty.add(entry.parent_id)
         self._dirty.discard(node_id)
-
-    def on_request(self, tokens: np.ndarray, prompt_len: int) -> None:
-        """A request finished (``tokens`` = prompt + output). Feeds the alpha tuner."""
-        self._requests += 1
-        if self.tuner is not None:
-            self.tuner.record(tokens, prompt_len)
-            self._adopt()
-        elif self.auto and self._tuner_factory is not None:
-            self._prelog.append((np.asarray(tokens), int(prompt_len)))
 
     # ----------------------------------------------------------------- choosing
     def next_victim(self, kind: ObjectKind) -> Node | None:
@@ -402,79 +355,7 @@ class MarconiEviction(EvictionPolicy):
             self._remove_key(kind, key, entry.node.id)
         entry.keys = {}
 
-    # --------------------------------------------------------------- tuning
-    def _first_eviction(self) -> None:
-        if not self.auto:
-            return
-        if self.tuner is None and self._tuner_factory is not None:
-            snapshot = {k: self.tree.bytes[k] for k in ObjectKind}
-            tuner = self._tuner_factory(self.geometry, snapshot)
-            self._attach(tuner)
-            self._tuner_factory = None
-            prime = getattr(tuner, "prime", None)
-            if prime is not None:
-                prime(list(self._prelog))
-                self._prelog.clear()
-            while self._prelog:
-                tuner.record(*self._prelog.popleft())
-        if self.tuner is not None and not self.tuner.started:
-            self.tuner.start(self._requests)
-
-    def _attach(self, tuner: Tuner) -> None:
-        """Use ``tuner``, starting from the candidate it starts from (if it names one)."""
-        self.tuner = tuner
-        cur = getattr(tuner, "current", None)
-        if self.auto and isinstance(cur, Candidate):
-            self.alpha, self.refresh_path, self.score = cur.alpha, cur.refresh_path, cur.score
-
-    def _adopt(self) -> None:
-        assert self.tuner is not None
-        got = self.tuner.poll()
-        if got is None or not self.auto:
-            return
-        if isinstance(got, Candidate):
-            self.refresh_path, self.score = got.refresh_path, got.score
-            got = got.alpha
-        self.alpha = float(got)
-        self.alpha_history.append((self._requests, self.alpha))
-
-    def close(self) -> None:
-        """Close the alpha tuner (joins its worker thread); idempotent."""
-        if self.tuner is not None:
-            self.tuner.close()
-
     def candidates(self, kind: ObjectKind) -> Iterable[Node]:
         """Indexed candidates of ``kind`` (for inspection and tests)."""
         self._sync()
         return [self._entries[nid].node for _, nid in self._by_time[kind]]
-
-
-class FullWalkMarconi(MarconiEviction):
-    """The O(N)-per-eviction reference: walks every node, computes every utility afresh.
-
-    Same hooks and clock as ``MarconiEviction`` (so ``last_access`` evolves identically);
-    only the choice differs in method, never in result.
-    """
-
-    name = "marconi_full_walk"
-
-    def _utility(self, r: float, e: float, rmin: float, rmax: float, emin: float, emax: float,
-                 alpha: float) -> float:
-        if self.score == "product":
-            return product_utility(r, e, emin, emax, alpha)
-        return utility(r, e, rmin, rmax, emin, emax, alpha)
-
-    def _choose(self, kind: ObjectKind) -> Node | None:
-        if kind is ObjectKind.ANCHOR:
-            return super()._choose(kind)
-        cands = [n for n in self.tree.nodes() if eligible(n, kind) and self.evictable(n, kind)]
-        self.scanned += len(self.tree)
-        if not cands:
-            return self._fallback(kind)
-        now = self._now
-        effs = {n.id: self.accounting.efficiency(*structural_key(n)) for n in cands}
-        rs = {n.id: recency(now, n.last_access) for n in cands}
-        rmin, rmax = min(rs.values()), max(rs.values())
-        emin, emax = min(effs.values()), max(effs.values())
-        return min(cands, key=lambda n: (
-            self._utility(rs[n.id], effs[n.id], rmin, rmax, emin, emax, self.alpha), n.id))

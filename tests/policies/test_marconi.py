@@ -11,12 +11,8 @@ from hybrid_connector.keys import ObjectKind
 from hybrid_connector.policies import build
 from hybrid_connector.policies.accounting import ReferenceAccounting
 from hybrid_connector.policies.lru import LRUEviction
-from hybrid_connector.policies.marconi import (
-    FullWalkMarconi,
-    MarconiEviction,
-    recency,
-    utility,
-)
+from hybrid_connector.policies.marconi import MarconiEviction, recency, utility
+from hybrid_connector.policies.marconi_fullwalk import FullWalkMarconi
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.store import Budget
 from hybrid_connector.sim.traces import agentic, multi_turn_chat, shared_document_qa

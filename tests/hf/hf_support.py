@@ -249,3 +249,22 @@ def assert_exact_hit(rt: HFRuntime, model: Any, probe: Sequence[int], hit: int, 
     rt.cache.check_integrity()
     rt.close()
     rt.cache.close()
+
+
+def small_tier_store(model: Any, path: Any) -> Any:
+    """Device and host tiers holding about one state and three KV chunks of ``model`` (so
+    older objects are pushed down as later requests save) over a large NVMe tier at
+    ``path`` (no fsync)."""
+    from hybrid_connector.keys import ObjectKind
+    from tiers.device import DeviceTier
+    from tiers.host import HostTier
+    from tiers.manager import TierManager
+    from tiers.nvme import NvmeTier
+
+    probe = runtime(model)
+    state_b, kv_b = probe.adapter.state_nbytes(), probe.adapter.kv_nbytes(16)
+    probe.close()
+    small = {ObjectKind.STATE: state_b + 64, ObjectKind.KV: 3 * kv_b + 64, ObjectKind.ANCHOR: 1 << 16}
+    big = dict.fromkeys(ObjectKind, 1 << 24)
+    return TierManager([DeviceTier(small, device="cpu"), HostTier(small),
+                        NvmeTier(path / "nvme", big, fsync=False)])

@@ -13,34 +13,15 @@ from hf_support import (
     random_tokens,
     reference,
     runtime,
+    small_tier_store,
     tiny_model,
 )
-
-from hybrid_connector.keys import ObjectKind
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.nvme import NvmeTier
-
-
-def _budgets(state: int, kv: int, anchor: int) -> dict[ObjectKind, int]:
-    return {ObjectKind.STATE: state, ObjectKind.KV: kv, ObjectKind.ANCHOR: anchor}
 
 
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_exact_after_every_tier(arch: str, tmp_path: Path) -> None:
     model = tiny_model(arch)
-    probe = runtime(model)
-    state_b, kv_b = probe.adapter.state_nbytes(), probe.adapter.kv_nbytes(16)
-    probe.close()
-    # Device and host hold about one state and a few KV chunks: everything older is pushed
-    # down to nvme as later requests save.
-    small = _budgets(state_b + 64, 3 * kv_b + 64, 1 << 16)
-    store = TierManager([
-        DeviceTier(small, device="cpu"),
-        HostTier(small),
-        NvmeTier(tmp_path / "nvme", _budgets(1 << 24, 1 << 24, 1 << 24), fsync=False),
-    ])
+    store = small_tier_store(model, tmp_path)
     rt = runtime(model, store=store)
     vocab = model.config.get_text_config().vocab_size
     prefix = random_tokens(70, vocab, 11)

@@ -14,6 +14,7 @@ from hf_support import (
     config,
     reference,
     runtime,
+    small_tier_store,
 )
 
 from hybrid_connector.integrations.hf_quality import calibrate_gate
@@ -23,12 +24,7 @@ from hybrid_connector.integrations.hf_trained import (
     mean_loss,
     trained_dir,
 )
-from hybrid_connector.keys import ObjectKind
 from hybrid_connector.replay import ReplayGate
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.nvme import NvmeTier
 
 ARCH = "nemotron_h"
 TOL = 1e-4
@@ -85,21 +81,9 @@ def test_branch_point_checkpoint_on_trained_model_is_exact() -> None:
     rt.close()
 
 
-def _budgets(state: int, kv: int, anchor: int) -> dict[ObjectKind, int]:
-    return {ObjectKind.STATE: state, ObjectKind.KV: kv, ObjectKind.ANCHOR: anchor}
-
-
 def test_trained_model_exact_after_demotion_through_host_and_nvme(tmp_path: Path) -> None:
     model = load_trained_model(arch=ARCH)
-    probe = runtime(model)
-    state_b, kv_b = probe.adapter.state_nbytes(), probe.adapter.kv_nbytes(16)
-    probe.close()
-    small = _budgets(state_b + 64, 3 * kv_b + 64, 1 << 16)
-    store = TierManager([
-        DeviceTier(small, device="cpu"),
-        HostTier(small),
-        NvmeTier(tmp_path / "nvme", _budgets(1 << 24, 1 << 24, 1 << 24), fsync=False),
-    ])
+    store = small_tier_store(model, tmp_path)
     rt = runtime(model, store=store)
     prefix = _text(5000, 70)
     for start in (6000, 7000):  # the second request creates the checkpoint at the branch (70)

@@ -204,7 +204,7 @@ class Ledger:
             if self._make_room(j, key.kind, e.nbytes, ops, dropped, exclude | {key}):
                 src.free(key, e.nbytes)
                 dst.charge(key, e.nbytes)
-                e.tier = dst.spec.name
+                e.tier, e.last = dst.spec.name, self.clock  # its age in the new tier: 0
                 ops.append(Move(key, src.spec.name, dst.spec.name))
                 return
         src.free(key, e.nbytes)

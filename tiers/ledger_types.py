@@ -61,7 +61,7 @@ class Entry:
     shared_pending: bool = False
     pins: int = 0
     hits: int = 0  # touches (uses) since placed
-    last: int = 0  # ledger clock at the last place or touch
+    last: int = 0  # ledger clock at the last place, touch or demotion into its tier
 
 
 @dataclass

@@ -4,8 +4,8 @@ The ledger stays metadata-only and engine-neutral: what an object is worth comes
 injected ``TierValue`` (the index's ``hybrid_connector.policies.tier_value``), asked with
 what the ledger itself tracks of the object: its size, the tier in question, how many
 times it was used (``Entry.hits``, one per ``touch``) and how long ago (``age``: ledger
-clock ticks since it was placed or last touched; one tick per ``place`` and per
-``touch``). Its answer is the seconds one future hit of the object saves when served from
+clock ticks since it was placed, last touched or moved down into its tier, the recency of
+the tier's LRU order; one tick per ``place`` and per ``touch``). Its answer is the seconds one future hit of the object saves when served from
 that tier (recompute time minus the tier's read time), times the hit likelihood, per byte;
 ``None``: unknown (a key of an index without the hook), and the LRU rules apply to it.
 

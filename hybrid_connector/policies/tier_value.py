@@ -22,7 +22,8 @@ that hit is, per byte:
   device 1500, host 25, disk (tier ``nvme``) 6, remote 2 GB/s by default: the capacity
   benchmark's ``load_gbps``).
 * ``likelihood``: ``(1 + hits) / (1 + age)`` from what the ledger tracks of the object (its
-  uses, and ledger clock ticks since the last one): frequency over recency.
+  uses, and ledger clock ticks since the last one or since it moved down into its tier,
+  the recency its tier's LRU order keeps): frequency over recency.
 
 Positive exactly when loading the object from the tier beats recomputing it. ``None``:
 a tier this config does not know (the ledger then applies its LRU rules to the object).

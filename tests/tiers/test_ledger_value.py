@@ -81,6 +81,8 @@ def test_value_reads_what_the_ledger_tracks() -> None:
     led.touch([key(0)])
     ready(led, key(1))  # clock: place 1, touch 2, touch 3, place 4: key 0 used twice, age 1
     assert seen[0] == (2, 1)
+    assert led.where(key(0)) == "host" and led.entries[key(0)].last == led.clock  # moved: age 0
+    assert led.entries[key(0)].hits == 2
 
 
 def test_a_negative_value_is_dropped_not_demoted() -> None:

@@ -58,6 +58,30 @@ def switched(cfg: CapacityConfig, setup: Setup, mode: str, window: int | None = 
     return Setup(f"{setup.name}.{mode}", setup.tiers, {**setup.policy, **over})
 
 
+def ledger_cost(window: int, n: int = 20000, cap: int = 2000) -> float:
+    """Microseconds per ``Ledger.place`` of a KV chunk once device, host and NVMe pools
+    (``cap`` objects each) are full, so that every place evicts through all three (the
+    worst case), with a touch every third place; ``window`` 0: LRU."""
+    from hybrid_connector.keys import ObjectKey, ObjectKind
+    from hybrid_connector.model_presets import load_geometry
+    from hybrid_connector.policies.tier_value import TierValue
+    from tiers.ledger import Ledger, TierSpec
+
+    tv = TierValue(load_geometry("qwen3.5-4b"), {"device": 1500e9, "host": 25e9, "nvme": 6e9},
+                   445e12)
+    led = Ledger([TierSpec.per_kind(t, {ObjectKind.KV: cap * 100}) for t in TIERS],
+                 value=tv, value_window=window)
+    keys = [ObjectKey("fp", i.to_bytes(16, "little"), ObjectKind.KV, (i % 64) * 256,
+                      (i % 64) * 256 + 256) for i in range(n)]
+    t = time.perf_counter()
+    for i, k in enumerate(keys):
+        led.place(k, 100)
+        led.commit(k, True)
+        if i % 3 == 0:
+            led.touch([keys[i // 2]])
+    return (time.perf_counter() - t) / n * 1e6
+
+
 def summarise(row: dict[str, Any], scale: int) -> dict[str, Any]:
     loaded = {t: sum(row["loaded_bytes"].get(t, {}).values()) * scale for t in TIERS}
     return {"token_hit_rate": row["token_hit_rate"], "ttft_mean_ms": row["ttft_mean_s"] * 1e3,
@@ -98,9 +122,16 @@ def run(quick: bool, window: int | None = None) -> dict[str, Any]:
                                           if off["loaded_gb"][t] else None) for t in TIERS}}
                     points.append(out)
                     print(line(out), flush=True)
+    from hybrid_connector.config import HybridConfig
+
+    w = window if window is not None else HybridConfig.model_fields["tier_value_window"].default
+    cost = {"lru_us": ledger_cost(0), "value_us": ledger_cost(w), "window": w}
+    print(f"ledger place through 3 full tiers: LRU {cost['lru_us']:.0f} us, value (window "
+          f"{w}) {cost['value_us']:.0f} us", flush=True)
     summary = {c: geomean([p["ratios"]["ttft_mean"] for p in points if p["config"] == c])
                for c in CONFIGS}
-    return {"quick": quick, "window": window, "geometry": info, "ttft_ratio_geomean": summary, "ratios": list(ratios),
+    return {"quick": quick, "window": w, "geometry": info, "ttft_ratio_geomean": summary,
+            "ledger_cost": cost, "ratios": list(ratios),
             "workloads": [w.name for w in specs], "configs": list(CONFIGS),
             "rates": {"load_gbps": cfg.load_gbps, "tflops": cfg.device_tflops, "mfu": cfg.mfu,
                       "overhead_ms": cfg.overhead_ms},
@@ -140,7 +171,11 @@ def markdown(doc: dict[str, Any]) -> str:
             + ". Ratio: working set / device budget (host 2x device, NVMe 1.5x all stored). "
             "Loaded GB are full-size bytes over the whole trace.\n\n")
     means = "; ".join(f"{c.removesuffix('-ours')} x{v:.3f}" for c, v in doc["ttft_ratio_geomean"].items())
-    return head + "\n".join(rows) + f"\n\nGeometric mean of the TTFT ratio on/off: {means}.\n"
+    c = doc["ledger_cost"]
+    return (head + "\n".join(rows) + f"\n\nGeometric mean of the TTFT ratio on/off: {means}.\n\n"
+            f"Ledger cost (`ledger_cost`: a place that evicts through three full tiers, the "
+            f"worst case): LRU {c['lru_us']:.0f} us, value with window {c['window']} "
+            f"{c['value_us']:.0f} us.\n")
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -172,7 +207,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--window", type=int, default=None,
-                    help="tier_value_window (default: the config's, 32)")
+                    help="tier_value_window (default: the config's, 16)")
     args = ap.parse_args()
     doc = run(args.quick, args.window)
     stem = args.out / ("tier_eviction_quick" if args.quick else "tier_eviction")

@@ -160,7 +160,7 @@ class HybridConfig(_Strict):
     tier_eviction: Literal["lru", "value"] = "lru"
     tier_read_gbps: TierReadRates = TierReadRates()
     recompute_tflops: float = Field(445.0, gt=0.0, allow_inf_nan=False)  # effective prefill rate (989 TFLOP/s x MFU 0.45)
-    tier_value_window: int = Field(32, ge=1, le=4096)  # candidates scored per eviction
+    tier_value_window: int = Field(16, ge=1, le=4096)  # candidates scored per eviction
     # LMCache key: the deadline of a lookup's remote part (discovering what other
     # instances stored on the shared tier)
     lookup_timeout_ms: int = Field(3000, gt=0, le=600_000)

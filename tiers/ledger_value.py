@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from hybrid_connector.keys import ObjectKey
+from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.ledger_types import Entry, TierUsage
 
 
@@ -61,15 +61,18 @@ def lowest_value(t: TierUsage, entries: Mapping[ObjectKey, Entry], pool: str | N
     in LRU order (see the module docstring); None when nothing is eligible."""
     at = next((i for i, u in enumerate(local) if u is t), len(local))
     after = local[at + 1:]
+    kind_pool, name = t.spec.kind_pool, t.spec.name
+    below: dict[ObjectKind, str | None] = {}  # kind -> the next local tier holding it
     best: ObjectKey | None = None
     best_v = 0.0
     seen = 0
     for k in t.lru:
         e = entries[k]
-        if (t.spec.kind_pool.get(k.kind) != pool or e.pending or e.pins or k in exclude):
+        if kind_pool.get(k.kind) != pool or e.pending or e.pins or k in exclude:
             continue
-        below = next((u.spec.name for u in after if k.kind in u.spec.kind_pool), None)
-        v = loss(fn, e, t.spec.name, below, clock)
+        if k.kind not in below:
+            below[k.kind] = next((u.spec.name for u in after if k.kind in u.spec.kind_pool), None)
+        v = loss(fn, e, name, below[k.kind], clock)
         if best is None or (v is not None and v < best_v):
             best, best_v = k, (v if v is not None else float("inf"))
         seen += 1

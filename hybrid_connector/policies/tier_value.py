@@ -58,6 +58,7 @@ class TierValue:
         self.read_bps = dict(read_bps)
         self.flops_per_s = float(flops_per_s)
         self._memo: dict[tuple[int, int], float] = {}
+        self._by_key: dict[ObjectKey, float] = {}  # recompute seconds, asked per eviction
 
     @classmethod
     def from_config(cls, geometry: ModelGeometry, config: HybridConfig) -> TierValue:
@@ -87,11 +88,16 @@ class TierValue:
 
     def __call__(self, key: ObjectKey, nbytes: int, tier: str, hits: int,
                  age: int) -> float | None:
-        load = self.read_s(tier, nbytes)
-        if load is None:
+        bps = self.read_bps.get(tier)
+        if bps is None:
             return None
-        saved = self.recompute_s(key.end, since_of(key)) - load
-        return likelihood(hits, age) * saved / max(1, nbytes)
+        r = self._by_key.get(key)
+        if r is None:
+            if len(self._by_key) >= 1 << 17:
+                self._by_key.clear()
+            r = self._by_key[key] = self.recompute_s(key.end, since_of(key))
+        n = nbytes if nbytes > 0 else 1
+        return (1.0 + hits) / (1.0 + age) * (r - n / bps) / n  # likelihood(hits, age) inlined
 
 
 def since_of(key: ObjectKey) -> int:

@@ -5,9 +5,10 @@ injected ``TierValue`` (the index's ``hybrid_connector.policies.tier_value``), a
 what the ledger itself tracks of the object: its size, the tier in question, how many
 times it was used (``Entry.hits``, one per ``touch``) and how long ago (``age``: ledger
 clock ticks since it was placed, last touched or moved down into its tier, the recency of
-the tier's LRU order; one tick per ``place`` and per ``touch``). Its answer is the seconds one future hit of the object saves when served from
-that tier (recompute time minus the tier's read time), times the hit likelihood, per byte;
-``None``: unknown (a key of an index without the hook), and the LRU rules apply to it.
+the tier's LRU order; one tick per ``place`` and per ``touch``). Its answer is the seconds
+one future hit of the object saves when served from that tier (recompute time minus the
+tier's read time), times the hit likelihood, per byte; ``None``: unknown (a key of an
+index without the hook), and the LRU rules apply to it.
 
 With a window ``w > 0`` set on the ledger:
 
@@ -15,7 +16,8 @@ With a window ``w > 0`` set on the ledger:
   not excluded), the one losing the least value per byte by leaving: its value in that
   tier minus what it keeps in the next local tier down (its value there when positive;
   at the bottom, its whole value). Ties and unknowns: the least recently used. A bounded
-  scan, O(w) value calls per eviction (two each), never O(N).
+  scan: ``w`` candidates scored per eviction (two value calls each), never all N; like
+  the LRU victim search it steps over pinned, pending and other pools' keys.
 * destination: the next slower local tier only where the object's value is positive
   (loading it from there beats recomputing it); else it leaves the local tiers, kept as a
   shared-only copy only where its value on the shared tier is positive too.

@@ -88,6 +88,17 @@ class PoolBudget(_Strict):
         return self.kv + self.state + self.anchor
 
 
+class TierReadRates(_Strict):
+    """Read bandwidth of each tier in GB/s (10^9 bytes/s) into the engine, for the
+    ``tier_eviction: value`` score (defaults: what ``hybrid-connector bench capacity``
+    models, ``load_gbps``, plus a 2 GB/s remote store)."""
+
+    device: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1500.0
+    host: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 25.0
+    disk: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 6.0
+    remote: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 2.0
+
+
 class Pools(_Strict):
     """Per-tier pool budgets. ``None`` means "derive from the LMCache size keys"."""
 
@@ -160,6 +171,16 @@ class HybridConfig(_Strict):
     replay_max_tokens: int = Field(2048, gt=0)
     replay_max_kl: float = Field(0.05, ge=0.0)
     replay_min_top1: float = Field(0.9, ge=0.0, le=1.0)
+    # --- eviction across tiers (``hybrid_connector.policies.tier_value``) ---
+    # lru: a full tier pool demotes its least recently used object one tier down (when the
+    # eviction policy's merits_demotion agrees); value: it gives up the object losing the
+    # least value per byte among its ``tier_value_window`` least recently used candidates
+    # and demotes it only to a tier it loads from faster than it is recomputed (else drops
+    # it, or keeps only the shared copy). Default lru: see README "Eviction across tiers"
+    tier_eviction: Literal["lru", "value"] = "lru"
+    tier_read_gbps: TierReadRates = TierReadRates()
+    recompute_tflops: float = Field(445.0, gt=0.0, allow_inf_nan=False)  # effective prefill rate (989 TFLOP/s x MFU 0.45)
+    tier_value_window: int = Field(16, ge=1, le=4096)  # candidates scored per eviction
     # LMCache key: the deadline of a lookup's remote part (discovering what other
     # instances stored on the shared tier)
     lookup_timeout_ms: int = Field(3000, gt=0, le=600_000)

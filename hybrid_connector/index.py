@@ -41,6 +41,7 @@ from hybrid_connector.model import ModelGeometry
 from hybrid_connector.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.policies.admission import branch_point
 from hybrid_connector.policies.base import SavePlan
+from hybrid_connector.policies.tier_value import TierValue
 from hybrid_connector.radix import IntegrityError, MatchResult, Node, ObjectRef
 from hybrid_connector.rebuild import Rebuilt, adopt_reported, relink
 from hybrid_connector.reclaim import Reclaimer
@@ -67,9 +68,15 @@ class CacheIndex(IndexCore):
         self.saver = Saver(self, self.reclaim)
         self.shared_view: SharedView | None = None  # the shared tier, for ``discover``
         self.eviction.bind(self.tree, geometry, self.reclaim.evictable)
+        # tier_eviction: value scores tier victims and destinations (the backend's setting)
+        valued = config.tier_eviction == "value"
+        self.tier_value = TierValue.from_config(geometry, config) if valued else None
         backend.attach(self.fingerprint, StoreHooks(
-            self._on_store_drop, self._merits_demotion, self._anchors_of_chunk))
+            self._on_store_drop, self._merits_demotion, self._anchors_of_chunk,
+            self.tier_value))
         with backend.lock:
+            if valued:
+                self.ledger.value_window = config.tier_value_window
             for key in self.ledger.held():
                 if key.fingerprint == self.fingerprint:
                     self.reclaim.orphans[key.kind].append(key)

@@ -43,7 +43,7 @@ class Backend:
 
     def __init__(self, specs: Sequence[TierSpec], executor: Executor | None = None) -> None:
         self.hooks: dict[str | None, StoreHooks] = {None: StoreHooks()}
-        self.ledger = Ledger(specs, merits=self._merits)
+        self.ledger = Ledger(specs, merits=self._merits, value=self._value)
         self.lock = threading.RLock()
         self.executor = executor
 
@@ -91,6 +91,10 @@ class Backend:
     def _merits(self, key: ObjectKey) -> bool:
         merits = self.hooks_of(key).merits_demotion
         return merits is None or merits(key)
+
+    def _value(self, key: ObjectKey, nbytes: int, tier: str, hits: int, age: int) -> float | None:
+        fn = self.hooks_of(key).tier_value
+        return None if fn is None else fn(key, nbytes, tier, hits, age)
 
     def report_dropped(self, keys: Sequence[ObjectKey]) -> None:
         """Tell each key's owner about keys that left every tier (call with no lock held)."""

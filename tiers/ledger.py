@@ -8,7 +8,10 @@ one truth of what is where.
   kind can hold it, making room by moving that pool's least recently used, unpinned, ready
   objects down: a victim is demoted to the next tier that can hold it when ``merits(key)``
   agrees (making room there recursively), else it leaves the local tiers and is dropped
-  (``dropped``: the index forgets it) unless a copy sits on the shared tier.
+  (``dropped``: the index forgets it) unless a copy sits on the shared tier. With a
+  value window (``value_window`` > 0, ``tier_eviction: value``) the victim is the lowest
+  value per byte of the pool's oldest candidates and it goes down only where loading it
+  beats recomputing it (``tiers.ledger_value``).
 * The shared tier (a remote store other instances use too) gets a copy of everything, is
   never removed from, and its budget only bounds how many shared-only objects are tracked.
 * A budget may be shared by several kinds (``TierSpec.kind_pool``); by default each kind
@@ -22,10 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.ledger_types import Entry, Placement, TierSpec, TierUsage, pool_totals
+from tiers.ledger_check import check_ledger
+from tiers.ledger_types import Entry, Placement, TierSpec, TierUsage, kind_limits, pool_totals
+from tiers.ledger_value import TierValue, lowest_value, worth_keeping
 from tiers.ops import Move, Op, Put, Remove, Take
 
-__all__ = ["Entry", "Ledger", "Merits", "Placement", "TierSpec"]
+__all__ = ["Entry", "Ledger", "Merits", "Placement", "TierSpec", "TierValue"]
 
 Merits = Callable[[ObjectKey], bool]
 
@@ -33,13 +38,16 @@ Merits = Callable[[ObjectKey], bool]
 class Ledger:
     """Budgets and locations of every object; see the module docstring."""
 
-    def __init__(self, specs: Sequence[TierSpec], merits: Merits | None = None) -> None:
+    def __init__(self, specs: Sequence[TierSpec], merits: Merits | None = None,
+                 value: TierValue | None = None, value_window: int = 0) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")
         if sum(s.shared for s in specs) > 1:
             raise ValueError("at most one shared tier")
         self.merits = merits
+        self.value, self.value_window = value, value_window  # window 0: LRU tiers
+        self.clock = 0  # ticks per place and touch: the age ``value`` is asked with
         self._local = [TierUsage(s) for s in specs if not s.shared]
         shared = [TierUsage(s) for s in specs if s.shared]
         self._shared = shared[0] if shared else None
@@ -49,11 +57,7 @@ class Ledger:
         self._budget, self._grain = pool_totals(self.specs)
         self._tracked: dict[str, int] = {}  # pool name -> bytes of the entries using it
         self._kind_used = dict.fromkeys(ObjectKind, 0)
-        self._max_object = {k: max((t.spec.budget(k) // t.spec.grain(k) * t.spec.grain(k)
-                                    for t in self._tiers() if k in t.spec.kind_pool), default=0)
-                            for k in ObjectKind}
-        self._room = {k: tuple(dict.fromkeys([k, *(o for t in self._tiers() for o, p in t.spec.kind_pool.items()
-                                                   if p == t.spec.kind_pool.get(k))])) for k in ObjectKind}
+        self._max_object, self._room = kind_limits(self.specs)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -143,11 +147,13 @@ class Ledger:
         ops: list[Op] = []
         dropped: list[ObjectKey] = []
         exclude = {key}
+        self.clock += 1
         for i, t in enumerate(self._local):
             if t.holds(key.kind, nbytes) and self._make_room(i, key.kind, nbytes, ops,
                                                                      dropped, exclude):
                 copy = self._shared is not None
-                self._add(Entry(key, nbytes, t.spec.name, shared=copy, shared_pending=copy))
+                self._add(Entry(key, nbytes, t.spec.name, shared=copy, shared_pending=copy,
+                                last=self.clock))
                 t.charge(key, nbytes)
                 ops.append(Put(key, t.spec.name))
                 if self._shared is not None:
@@ -164,6 +170,9 @@ class Ledger:
 
     def _victim(self, t: TierUsage, kind: ObjectKind, exclude: set[ObjectKey]) -> ObjectKey | None:
         pool = t.spec.kind_pool.get(kind)
+        if self.value_window and self.value is not None and not t.spec.shared:
+            return lowest_value(t, self.entries, pool, exclude, self.value, self.clock,
+                                self.value_window, self._local)
         for k in t.lru:
             e = self.entries[k]
             if (t.spec.kind_pool.get(k.kind) == pool and not e.pending and not e.pins
@@ -190,12 +199,12 @@ class Ledger:
         merits = self.merits is None or self.merits(key)
         for j in range(i + 1, len(self._local)):
             dst = self._local[j]
-            if not merits or not dst.holds(key.kind, e.nbytes):
+            if not merits or not dst.holds(key.kind, e.nbytes) or not self._worth(e, dst):
                 continue
             if self._make_room(j, key.kind, e.nbytes, ops, dropped, exclude | {key}):
                 src.free(key, e.nbytes)
                 dst.charge(key, e.nbytes)
-                e.tier = dst.spec.name
+                e.tier, e.last = dst.spec.name, self.clock  # its age in the new tier: 0
                 ops.append(Move(key, src.spec.name, dst.spec.name))
                 return
         src.free(key, e.nbytes)
@@ -203,12 +212,15 @@ class Ledger:
         e.tier = None
         self._keep_shared_or_drop(e, dropped, exclude)
 
+    def _worth(self, e: Entry, dst: TierUsage) -> bool:
+        return worth_keeping(self.value, self.value_window, e, dst.spec.name, self.clock)
+
     def _keep_shared_or_drop(self, e: Entry, dropped: list[ObjectKey],
                              exclude: set[ObjectKey]) -> None:
         """``e`` left the local tiers: track it as shared-only when it has a shared copy
         and there is room for that, else forget it (reported in ``dropped``)."""
         sh = self._shared
-        if (e.shared and sh is not None and sh.holds(e.key.kind, e.nbytes)
+        if (e.shared and sh is not None and sh.holds(e.key.kind, e.nbytes) and self._worth(e, sh)
                 and self._room_shared(e.key.kind, e.nbytes, dropped, exclude | {e.key})):
             sh.charge(e.key, e.nbytes)
             return
@@ -335,9 +347,12 @@ class Ledger:
                 e.pins = max(0, e.pins + delta)
 
     def touch(self, keys: Iterable[ObjectKey]) -> None:
-        """Mark the keys most recently used in their tier."""
+        """Mark the keys most recently used in their tier (one more hit each)."""
+        self.clock += 1
         for k in keys:
             e = self.entries.get(k)
+            if e is not None:
+                e.hits, e.last = e.hits + 1, self.clock
             t = self._by_name.get(e.tier) if e and e.tier else self._shared
             if t is not None and k in t.lru:
                 t.lru.move_to_end(k)
@@ -380,21 +395,6 @@ class Ledger:
         return Placement(e.tier, tuple(ops), tuple(dropped))
 
     def check(self) -> None:
-        """Recompute every tier's usage and the tracked bytes from the entries; raise
-        AssertionError if anything is off."""
-        used: dict[tuple[str, str], int] = {}
-        tracked: dict[str, int] = {}
-        for k, e in self.entries.items():
-            homes = [t for t in self._tiers() if k in t.lru]
-            want = [e.tier] if e.tier else [self._shared.spec.name] if self._shared else []
-            assert [t.spec.name for t in homes] == want, f"{k}: in {homes}, ledger says {want}"
-            for t in homes:
-                slot = (t.spec.name, t.spec.kind_pool[k.kind])
-                used[slot] = used.get(slot, 0) + t.spec.size(k.kind, e.nbytes)
-            pool = self._pool_name(k.kind)
-            tracked[pool] = tracked.get(pool, 0) + self._charged(pool, e.nbytes)
-        for t in self._tiers():
-            for pool, b in t.spec.pools.items():
-                got = t.used.get(pool, 0)
-                assert got == used.get((t.spec.name, pool), 0) and got <= b, f"{t.spec.name}.{pool}"
-        assert all(tracked.get(p, 0) == n for p, n in self._tracked.items()), "tracked bytes"
+        """Raise AssertionError if usage or tracked bytes are off (``tiers.ledger_check``)."""
+        check_ledger(self.entries, self._tiers(), self._shared, self._pool_name,
+                     self._charged, self._tracked)

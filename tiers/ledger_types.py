@@ -50,7 +50,8 @@ class TierSpec:
 @dataclass
 class Entry:
     """What the ledger knows of one object. ``tier``: the local tier holding it (None:
-    only a shared copy); ``shared``: a copy is (being) written to the shared tier."""
+    only a shared copy); ``shared``: a copy is (being) written to the shared tier.
+    ``hits``/``last``: what ``tier_eviction: value`` scores likelihood by."""
 
     key: ObjectKey
     nbytes: int
@@ -59,6 +60,8 @@ class Entry:
     pending: bool = True  # the local put (or, shared-only, the shared put) is in flight
     shared_pending: bool = False
     pins: int = 0
+    hits: int = 0  # touches (uses) since placed
+    last: int = 0  # ledger clock at the last place, touch or demotion into its tier
 
 
 @dataclass
@@ -109,3 +112,14 @@ def pool_totals(specs: list[TierSpec]) -> tuple[dict[str, int], dict[str, int]]:
             budget[pool] = budget.get(pool, 0) + int(b)
             grain[pool] = max(grain.get(pool, 1), int(s.grains.get(pool, 1)))
     return budget, grain
+
+
+def kind_limits(specs: list[TierSpec]) -> tuple[dict[ObjectKind, int],
+                                                 dict[ObjectKind, tuple[ObjectKind, ...]]]:
+    """Per kind over ``specs``: the largest object any one pool could hold, and the kinds
+    sharing a pool with it in some tier (itself first)."""
+    biggest = {k: max((s.budget(k) // s.grain(k) * s.grain(k) for s in specs
+                       if k in s.kind_pool), default=0) for k in ObjectKind}
+    room = {k: tuple(dict.fromkeys([k, *(o for s in specs for o, p in s.kind_pool.items()
+                                         if p == s.kind_pool.get(k))])) for k in ObjectKind}
+    return biggest, room

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers.ledger_value import TierValue
 
 DropListener = Callable[[Sequence[ObjectKey]], None]
 DemotionFilter = Callable[[ObjectKey], bool]
@@ -36,13 +37,16 @@ class StoreHooks:
     ``on_drop(keys)``: the store dropped these keys on its own (called without the store's
     lock; it may call back into the store). ``merits_demotion(key)``: whether an evicted
     object deserves a slower tier (no hook: yes). ``companions(kv_key)``: anchor keys that
-    die with that KV chunk. The last two are called with the store's lock held: they must
-    not block on other locks.
+    die with that KV chunk. ``tier_value(key, nbytes, tier, hits, age)``: the key's value per
+    byte in a tier for ``tier_eviction: value`` (``tiers.ledger_value``; no hook: unknown,
+    LRU rules). The last three are called with the store's lock held: they must not block
+    on other locks.
     """
 
     on_drop: DropListener | None = None
     merits_demotion: DemotionFilter | None = None
     companions: CompanionFn | None = None
+    tier_value: TierValue | None = None
 
 
 class ObjectStore(ABC):

@@ -27,9 +27,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -38,6 +36,7 @@ from pydantic import (
 )
 
 from hybrid_connector.config_server import ClientSettings, ServerSettings
+from hybrid_connector.config_types import PoolBudget, Pools, Strict, TierReadRates
 from hybrid_connector.remote_url import CLUSTER, check_remote_url, scheme_of
 from hybrid_connector.sizes import Bytes, parse_size
 
@@ -72,48 +71,12 @@ NOT_HONOURED = ("use_layerwise",)
 LEGACY_EXTRA = ("disk_zstd", "disk_fsync", "disk_verify_reads", "remote_timeout_s")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class PoolBudget(_Strict):
-    """Byte budgets of one tier, one pool per object kind (0 disables that pool)."""
-
-    kv: Bytes = 0
-    state: Bytes = 0
-    anchor: Bytes = 0
-
-    @property
-    def total(self) -> int:
-        return self.kv + self.state + self.anchor
-
-
-class TierReadRates(_Strict):
-    """Read bandwidth of each tier in GB/s (10^9 bytes/s) into the engine, for the
-    ``tier_eviction: value`` score (defaults: what ``hybrid-connector bench capacity``
-    models, ``load_gbps``, plus a 2 GB/s remote store)."""
-
-    device: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 1500.0
-    host: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 25.0
-    disk: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 6.0
-    remote: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] = 2.0
-
-
-class Pools(_Strict):
-    """Per-tier pool budgets. ``None`` means "derive from the LMCache size keys"."""
-
-    device: PoolBudget | None = None
-    host: PoolBudget | None = None
-    disk: PoolBudget | None = None
-    remote: PoolBudget | None = None
-
-
 TIERS = ("device", "host", "disk", "remote")
 # Default split of a tier's total when only an LMCache size key is given.
 DEFAULT_SPLIT = {"kv": 0.6, "state": 0.3, "anchor": 0.1}
 
 
-class HybridConfig(_Strict):
+class HybridConfig(Strict):
     """The whole configuration. Immutable; build with ``load_config``."""
 
     # --- LMCache-compatible keys ---

@@ -180,7 +180,7 @@ def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]],
     cols = ["trace", "GiB", "LRU", "best fixed (alpha)", "auto (shadow)", "vs LRU (pts)",
             "vs best (%)", "shadow", "auto (window, v1)", "v1 vs LRU", "v1 vs best", "v1",
             "shadow + joint pool", "joint vs LRU", "tuning ms/request"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] if gaps else []
     for g in gaps:
         lines.append("| " + " | ".join(str(x) for x in (
             g["trace"], g["budget_gib"], f"{g['lru']:.4f}", f"{g['best_fixed']:.4f} ({g['best_alpha']})",
@@ -189,10 +189,10 @@ def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]],
             f"{g['marconi_window']:.4f}", g["marconi_window_vs_lru_pts"], g["marconi_window_vs_best_pct"],
             "MET" if g["marconi_window_met"] else "NOT MET",
             f"{g['marconi_joint']:.4f}", g["marconi_joint_vs_lru_pts"], g["tuning_ms_per_request"])) + " |")
-    met = sum(g["marconi_met"] for g in gaps)
-    lines.append("")
-    lines.append(f"shadow tuner: {met} of {len(gaps)} rows MET; v1 window tuner: "
-                 f"{sum(g['marconi_window_met'] for g in gaps)} of {len(gaps)}")
+    if gaps:
+        met = sum(g["marconi_met"] for g in gaps)
+        lines += ["", f"shadow tuner: {met} of {len(gaps)} rows MET; v1 window tuner: "
+                      f"{sum(g['marconi_window_met'] for g in gaps)} of {len(gaps)}"]
     if blocks:
         lines += ["", "| GiB | vLLM per-block (32, LRU) | Marconi exact | ratio | default exact | "
                   "default replayed | ratio exact | ratio exact+replayed |", "|---|---|---|---|---|---|---|---|"]
@@ -202,7 +202,7 @@ def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]],
                          f"{b['ratio_default_exact']:.2f}x | {b['ratio_default_all']:.2f}x |")
     if placement:
         lines += ["", f"| trace | GiB | Marconi alpha {PLACEMENT_ALPHA:g} | placement (one prefix) | FLOPs saved | states | "
-                  "placement (tree) | FLOPs saved | states |", "|---|" * 9]
+                  "placement (tree) | FLOPs saved | states |", "|" + "---|" * 9]
         for p in placement:
             lines.append("| " + " | ".join([p["trace"], str(p["budget_gib"]),
                                             f"{p[f'alpha={PLACEMENT_ALPHA:g}']:.4f}"
@@ -211,7 +211,7 @@ def markdown(gaps: list[dict[str, Any]], blocks: list[dict[str, Any]],
                 for v in PLACEMENT_VARIANTS for k in ("", "_flops", "_states")]) + " |")
     if anchors:
         lines += ["", "| trace | GiB | all pages: exact | replayed | anchor GB written | FLOPs saved | "
-                  "shared only: exact | replayed | anchor GB written | FLOPs saved |", "|---|" * 10]
+                  "shared only: exact | replayed | anchor GB written | FLOPs saved |", "|" + "---|" * 10]
         for a in anchors:
             lines.append("| " + " | ".join([a["trace"], str(a["budget_gib"])] + [
                 f"{a[f'{v}_{k}']:.4f}" for v in ANCHOR_VARIANTS

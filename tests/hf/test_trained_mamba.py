@@ -9,10 +9,8 @@ from pathlib import Path
 
 import torch
 from hf_support import (
-    assert_restored_exact,
-    captured_restores,
+    assert_exact_hit,
     config,
-    reference,
     runtime,
     small_tier_store,
 )
@@ -27,7 +25,6 @@ from hybrid_connector.integrations.hf_trained import (
 from hybrid_connector.replay import ReplayGate
 
 ARCH = "nemotron_h"
-TOL = 1e-4
 N_NEW = 16
 # Measured on the shipped model (rho = 1, page 16, p = 192, held-out window 1 of 256 bytes):
 # 64 anchors pass the default thresholds (KL 7e-4, top-1 0.984), 16 do not (KL 0.0046 but
@@ -68,17 +65,7 @@ def test_branch_point_checkpoint_on_trained_model_is_exact() -> None:
     rb = rt.prefill(b)  # speculative insertion finds the branch point at 70: checkpoint
     assert rb.info.checkpoints == (70,)
     rt.finish(rb)
-    with captured_restores(rt) as restored:
-        rc = rt.prefill(c)
-    assert rc.info.hit_tokens == 70 and rc.info.exact and not rc.info.replayed
-    assert [p for p, _ in restored] == [70]
-    assert_restored_exact(rt.adapter, model, c, restored[0][1], 70)
-    ref_logits, ref_new = reference(model, c, N_NEW)
-    assert (rc.logits - ref_logits).abs().max().item() <= TOL
-    assert rt.decode(rc, N_NEW) == ref_new
-    rt.finish(rc)
-    rt.cache.check_integrity()
-    rt.close()
+    assert_exact_hit(rt, model, c, 70, N_NEW)  # states, logits, greedy tokens; closes rt
 
 
 def test_trained_model_exact_after_demotion_through_host_and_nvme(tmp_path: Path) -> None:
@@ -97,17 +84,7 @@ def test_trained_model_exact_after_demotion_through_host_and_nvme(tmp_path: Path
     assert plan.num_tokens == 70 and plan.exact
     assert "nvme" in {o.tier for o in plan.objects}
     assert sum(store.stats()["demotions"].values()) > 0
-    with captured_restores(rt) as restored:
-        rc = rt.prefill(tokens)
-    assert rc.info.hit_tokens == 70 and rc.info.exact
-    assert [p for p, _ in restored] == [70]
-    assert_restored_exact(rt.adapter, model, tokens, restored[0][1], 70)
-    ref_logits, ref_new = reference(model, tokens, N_NEW)
-    assert (rc.logits - ref_logits).abs().max().item() <= TOL
-    assert rt.decode(rc, N_NEW) == ref_new
-    rt.finish(rc)
-    rt.cache.check_integrity()
-    rt.close()
+    assert_exact_hit(rt, model, tokens, 70, N_NEW)
     store.close()
 
 

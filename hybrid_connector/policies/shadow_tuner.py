@@ -2,8 +2,8 @@
 
 Why not replay windows (``tuner.py``): a window replayed from a cold cache scores mostly
 its own warm-up, and neighbouring alphas then differ by noise (a choice below LRU on
-traces where LRU is best). Here each candidate (an alpha, and whether an access refreshes
-the whole path or only its last node) owns a *shadow*: a size-only cache with the live
+traces where LRU is best). Here each candidate (a ``Candidate``: an alpha, a score, and
+whether an access refreshes the whole path or its last node) owns a *shadow*: a size-only cache with the live
 cache's budget, admission and accounting, which sees every request the live cache sees,
 so it is never cold and at any time equals the fixed-candidate run up to now (the
 "best fixed alpha in hindsight" is estimated online, not guessed from a short replay).
@@ -20,9 +20,9 @@ Contract:
   blocks of ``block`` requests (batch means, since hits are correlated in time). The tuner
   switches only when the summed gain exceeds ``z`` standard errors and ``min_gain`` of the
   current candidate's score (3 and 1% by default: the test is repeated every check and
-  over every candidate, so a lower bar would let noise through). Falling back to LRU (the baseline
-  the tuner must not lose to, and the direction that converges, see below) needs only
-  ``z_fallback`` standard errors.
+  over every candidate, so a lower bar would let noise through). Falling back to LRU
+  (the baseline the tuner must not lose to, and a direction that converges, see below)
+  needs only ``z_fallback`` standard errors.
 * It starts at ``start`` (LRU by default, so before any evidence it is LRU). The policy
   is path dependent, which decides what the candidates are: with Marconi's *sum* score
   and alpha > 0 the top-efficiency node is never the minimum, so a switch to it keeps

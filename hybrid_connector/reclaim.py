@@ -31,8 +31,9 @@ class Reclaimer:
                   keep: set[ObjectKey]) -> tuple[bool, int]:
         """Until the ledger fits ``pending`` (the batch so far, this item included):
         reclaim unknown objects, oldest first, then evict by policy, for ``kind`` and the
-        kinds sharing its budget (in the order ``EvictionPolicy.victim_kinds`` gives). A victim that frees no bytes is still progress (it left
-        the tree). Returns (fits, bytes freed). ``keep``: keys of the batch."""
+        kinds sharing its budget (in the order ``EvictionPolicy.victim_kinds`` gives). A
+        victim that frees no bytes is still progress (it left the tree). Returns (fits,
+        bytes freed). ``keep``: keys of the batch."""
         ix = self.ix
         freed = 0
         with ix.backend.lock:

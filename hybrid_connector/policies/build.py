@@ -15,6 +15,7 @@ passes the simulator's: the policies never import the cache or the simulator).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TypedDict
 
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.keys import ObjectKind
@@ -70,6 +71,17 @@ ShadowSource = Callable[
 ]
 
 
+class MarconiOptions(TypedDict):
+    joint_pool: bool
+    score: str
+
+
+def marconi_options(config: HybridConfig) -> MarconiOptions:
+    """The ``MarconiEviction`` keyword arguments every Marconi policy built from ``config``
+    shares (a tuner's candidate may override ``score``)."""
+    return {"joint_pool": config.pooled_eviction == "utility", "score": config.marconi_score}
+
+
 def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, object]:
     """``ShadowTuner`` keyword arguments from the config."""
     scores = ("sum", "product") if config.shadow_score == "both" else (config.shadow_score,)
@@ -108,8 +120,7 @@ def eviction(config: HybridConfig, replayers: ReplayerSource | None = None,
             def make(geo: ModelGeometry, snap: Mapping[ObjectKind, int]) -> Tuner:
                 return AlphaTuner(replay(geo, snap), **wopts)  # type: ignore[arg-type]
         return MarconiEviction(alpha=alpha, accounting=acct, tuner_factory=make,
-                               joint_pool=config.pooled_eviction == "utility",
-                               score=config.marconi_score)
+                               **marconi_options(config))
     raise NotImplementedError(f"eviction policy {config.eviction!r} is not built yet")
 
 

@@ -48,8 +48,9 @@ class DepthHistogram:
         self._plan: dict[tuple[int, int], list[int]] = {}
         self._since = 0
 
-    def observe(self, depth_tokens: int) -> None:
-        """Add one overlap depth (tokens); older observations decay by ``decay``."""
+    def observe(self, depth_tokens: int, chain: np.ndarray | None = None) -> None:
+        """Add one overlap depth (tokens); older observations decay by ``decay``. ``chain``
+        (the request's path, ``TreeDepths``' interface) is not used: one prefix."""
         if depth_tokens < 0:
             raise ValueError(f"depth must be >= 0, got {depth_tokens}")
         b = depth_tokens // self.bin
@@ -66,9 +67,10 @@ class DepthHistogram:
             self._plan.clear()
             self._since = 0
 
-    def plan(self, n_bins: int, slots: int) -> list[int]:
+    def plan(self, n_bins: int, slots: int, chain: np.ndarray | None = None) -> list[int]:
         """Checkpoint bins for a prefix of ``n_bins`` bins (balanced when there is no data).
-        Depths beyond the prefix are clipped to its end (a checkpoint there serves them)."""
+        Depths beyond the prefix are clipped to its end (a checkpoint there serves them).
+        ``chain`` is not used (see ``observe``)."""
         key = (n_bins, slots)
         got = self._plan.get(key)
         if got is None:
@@ -131,16 +133,8 @@ class PlacementAdmission(AdmissionPolicy):
                 return base
         else:
             self.trackers.move_to_end(key)
-            if isinstance(hist, TreeDepths):
-                assert chain is not None
-                hist.observe(match.length, chain)
-            else:
-                hist.observe(match.length)
-        if isinstance(hist, TreeDepths):
-            assert chain is not None
-            bins = hist.plan(chain, n // self.bin, self.slots)
-        else:
-            bins = hist.plan(n // self.bin, self.slots)
+            hist.observe(match.length, chain)
+        bins = hist.plan(n // self.bin, self.slots, chain)
         extra = [align_down(b * self.bin, alignment) for b in bins]
         return tuple(sorted(set(base) | {p for p in extra if 0 < p < n}))
 

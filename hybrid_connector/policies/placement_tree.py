@@ -49,9 +49,11 @@ class TreeDepths:
         self.obs: deque[tuple[int, np.ndarray]] = deque(maxlen=window)
         self.observations = 0
 
-    def observe(self, depth_tokens: int, chain: np.ndarray) -> None:
+    def observe(self, depth_tokens: int, chain: np.ndarray | None = None) -> None:
         """One request of this prefix matched ``depth_tokens`` tokens; ``chain`` is its
-        ``bin_chain``."""
+        ``bin_chain`` (required: ValueError without it)."""
+        if chain is None:
+            raise ValueError("TreeDepths needs the request's bin_chain")
         if depth_tokens < 0:
             raise ValueError(f"depth must be >= 0, got {depth_tokens}")
         self.obs.append((depth_tokens // self.bin, chain))
@@ -68,7 +70,10 @@ class TreeDepths:
             w[min(depth, agree, n_bins)] += self.decay ** (age - i)
         return w
 
-    def plan(self, chain: np.ndarray, n_bins: int, slots: int) -> list[int]:
-        """Checkpoint bins for the path ``chain`` of ``n_bins`` bins."""
+    def plan(self, n_bins: int, slots: int, chain: np.ndarray | None = None) -> list[int]:
+        """Checkpoint bins for the path ``chain`` of ``n_bins`` bins (the same interface as
+        ``DepthHistogram.plan``; ValueError without ``chain``)."""
+        if chain is None:
+            raise ValueError("TreeDepths needs the prompt's bin_chain")
         w = self.weights(chain, n_bins)
         return solve_dp(w, slots)[1] if w.sum() > 0 else balanced(n_bins, slots)

@@ -137,10 +137,6 @@ class ShadowTuner:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
 
-    @property
-    def alpha(self) -> float:
-        return self.current.alpha
-
     # ---------------------------------------------------------------- inputs
     def start(self, requests_seen: int) -> None:
         """The live cache evicted for the first time (decisions may begin)."""
@@ -151,17 +147,11 @@ class ShadowTuner:
         if not 0 < prompt_len <= len(tokens):
             raise ValueError(f"prompt_len {prompt_len} outside (0, {len(tokens)}]")
         req = TunerRequest(np.asarray(tokens, dtype=np.int64), int(prompt_len))
-        started = self.started
-        if not self.background:
-            self._step(req, started)
-            return
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="shadow-tuner")
         self._pending = [f for f in self._pending if not f.done()]
-        if len(self._pending) >= self.max_backlog:
+        if self.background and len(self._pending) >= self.max_backlog:
             self.skipped += 1  # every shadow skips it alike, so the pairing stays exact
             return
-        self._pending.append(self._pool.submit(self._step, req, started))
+        self._run(self._step, req, self.started)
 
     def prime(self, requests: Sequence[tuple[np.ndarray, int]]) -> None:
         """Feed requests the live cache served before this tuner existed, as one job (not
@@ -172,12 +162,16 @@ class ShadowTuner:
             for r in reqs:
                 self._step(r, False)
 
+        self._run(run)
+
+    def _run(self, fn: Callable[..., None], *args: object) -> None:
+        """``fn(*args)`` inline, or queued on the worker thread when backgrounded."""
         if not self.background:
-            run()
+            fn(*args)
             return
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="shadow-tuner")
-        self._pending.append(self._pool.submit(run))
+        self._pending.append(self._pool.submit(fn, *args))
 
     def poll(self) -> Candidate | None:
         """The candidate of a switch decided since the last poll, else ``None``."""

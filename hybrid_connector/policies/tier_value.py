@@ -81,11 +81,6 @@ class TierValue:
                 self.geometry.flops_saved(n, since).total / self.flops_per_s)
         return got
 
-    def read_s(self, tier: str, nbytes: int) -> float | None:
-        """Seconds to load ``nbytes`` from ``tier`` (None: a tier this config does not know)."""
-        bps = self.read_bps.get(tier)
-        return None if bps is None else max(1, nbytes) / bps
-
     def __call__(self, key: ObjectKey, nbytes: int, tier: str, hits: int,
                  age: int) -> float | None:
         bps = self.read_bps.get(tier)
@@ -97,7 +92,7 @@ class TierValue:
                 self._by_key.clear()
             r = self._by_key[key] = self.recompute_s(key.end, since_of(key))
         n = nbytes if nbytes > 0 else 1
-        return (1.0 + hits) / (1.0 + age) * (r - n / bps) / n  # likelihood(hits, age) inlined
+        return likelihood(hits, age) * (r - n / bps) / n
 
 
 def since_of(key: ObjectKey) -> int:

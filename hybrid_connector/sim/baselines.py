@@ -108,8 +108,7 @@ def _auto(
     def make(config: HybridConfig, geometry: ModelGeometry, budget: Budget) -> EvictionPolicy:
         if config.alpha != "auto":
             return MarconiEviction(alpha=float(config.alpha), accounting=accounting,
-                                   joint_pool=config.pooled_eviction == "utility",
-                                   score=config.marconi_score)
+                                   **build.marconi_options(config))
         objective = build.objective(config)
         replayer = CacheReplayer(
             config, geometry, budget, lambda: admission(config), accounting, objective, anchors
@@ -120,7 +119,7 @@ def _auto(
         else:
             tuner = AlphaTuner(replayer, **build.tuner_options(config, background=False))  # type: ignore[arg-type]
         return MarconiEviction(alpha=None, accounting=accounting, tuner=tuner,
-                               joint_pool=config.pooled_eviction == "utility")
+                               **build.marconi_options(config))
 
     return make
 

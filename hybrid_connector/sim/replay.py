@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
+from hybrid_connector.policies import build
 from hybrid_connector.policies.accounting import Accounting
 from hybrid_connector.policies.base import AdmissionPolicy
 from hybrid_connector.policies.marconi import MarconiEviction
@@ -60,14 +61,20 @@ class CacheReplayer:
         with Simulator(
             self.config, self.geometry, self.budget,
             eviction=MarconiEviction(alpha=alpha, accounting=self.accounting,
-                                     joint_pool=self.config.pooled_eviction == "utility"),
+                                     **build.marconi_options(self.config)),
             admission=self.admission(), anchors=self.anchors,
         ) as sim:
             for i, req in enumerate(window):
                 res = sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :])
-                if i >= eval_from and res.hit:
-                    total += res.hit if self.objective == "token_hits" else self._acct.hit_flops(res.hit)
+                if i >= eval_from:
+                    total += self.score(res.hit)
         return total
+
+    def score(self, hit: int) -> float:
+        """The objective of one request that hit ``hit`` tokens."""
+        if not hit:
+            return 0.0
+        return float(hit) if self.objective == "token_hits" else self._acct.hit_flops(hit)
 
 
 class CacheShadow:
@@ -81,18 +88,17 @@ class CacheShadow:
         self.candidate = candidate
         self.sim = Simulator(
             replayer.config, replayer.geometry, replayer.budget,
-            eviction=MarconiEviction(alpha=candidate.alpha, accounting=replayer.accounting,
-                                     refresh_path=candidate.refresh_path, score=candidate.score,
-                                     joint_pool=replayer.config.pooled_eviction == "utility"),
+            eviction=MarconiEviction(
+                alpha=candidate.alpha, accounting=replayer.accounting,
+                refresh_path=candidate.refresh_path, score=candidate.score,
+                joint_pool=build.marconi_options(replayer.config)["joint_pool"]),
             admission=replayer.admission(), anchors=replayer.anchors,
         )
         self._closed = False
 
     def step(self, request: TunerRequest) -> float:
         res = self.sim.step(request.tokens[: request.prompt_len], request.tokens[request.prompt_len :])
-        if not res.hit:
-            return 0.0
-        return float(res.hit) if self._r.objective == "token_hits" else self._r._acct.hit_flops(res.hit)
+        return self._r.score(res.hit)
 
     def close(self) -> None:
         if not self._closed:

@@ -28,6 +28,7 @@ import numpy as np
 
 from hybrid_connector.keys import ObjectKind
 from hybrid_connector.model import ModelGeometry
+from hybrid_connector.policies import build
 from hybrid_connector.policies.base import EvictionPolicy
 from hybrid_connector.policies.marconi import MarconiEviction
 from hybrid_connector.sim.baselines import PolicySpec
@@ -110,7 +111,7 @@ def run_once(
     budget = _budget(spec, total_bytes, state_share)
     eviction: EvictionPolicy
     if alpha is not None:
-        eviction = MarconiEviction(alpha=float(alpha), joint_pool=config.pooled_eviction == "utility")
+        eviction = MarconiEviction(alpha=float(alpha), **build.marconi_options(config))
     else:
         assert spec.eviction is not None, f"spec {spec.name} has no eviction factory"
         eviction = spec.eviction(config, geometry, budget)

@@ -90,9 +90,9 @@ def test_tree_placement_keeps_one_branch_depths_off_another_branch() -> None:
         flat.observe(1800)
         tree.observe(1216, bin_chain(a, 64))  # A's a little past the trunk
         flat.observe(1216)
-    on_a = tree.plan(bin_chain(a, 64), 32, 2)
+    on_a = tree.plan(32, 2, bin_chain(a, 64))
     assert 1800 // 64 in flat.plan(32, 2)  # one prefix: a checkpoint at B's depth on A's path
     assert sorted(on_a) == [1024 // 64, 1216 // 64]  # the tree: trunk end (serves B) and A's own
-    assert 1800 // 64 in tree.plan(bin_chain(b, 64), 32, 2)
+    assert 1800 // 64 in tree.plan(32, 2, bin_chain(b, 64))
     with pytest.raises(ValueError):
         TreeDepths(0, 1.0)

@@ -6,7 +6,8 @@ Load it as SGLang's ``dynamic`` backend::
     --enable-hierarchical-cache --hicache-mem-layout page_first \
     --hicache-storage-backend dynamic --hicache-storage-backend-extra-config \
     '{"backend_name": "hybrid", "module_path": "hybrid_connector.integrations.sglang",
-      "class_name": "HybridHiCacheStorage", "config_file": "configs/sglang-qwen3_5.yaml"}'
+      "class_name": "HybridHiCacheStorage", "config_file": "configs/sglang-qwen3_5.yaml",
+      "hicache_storage_pass_prefix_keys": true}'
 
 (``overrides``, a mapping, may add ``load_config`` overrides.) This is the only module
 that imports SGLang.
@@ -31,8 +32,12 @@ our store adds over SGLang's file backend:
 * the host-pool layout is part of the key fingerprint (SGLang's file backend keys bytes
   without it), so pages written in one layout never load into another.
 
-Marconi's eviction utility needs token lengths and parent links of a radix tree, which
-hash-only calls do not give; here eviction is the tier ledger's per-pool order.
+Eviction: the tier ledger's per-pool LRU order by default. With ``tier_eviction: value``
+(and ``model:`` naming the geometry) and SGLang passing ``prefix_keys``
+(``"hicache_storage_pass_prefix_keys": true`` in its extra config), the chain of page
+hashes each call names gives every page its depth and parent, and eviction turns FLOP
+aware as in Marconi: deeper states and leaf pages first by value per byte
+(``sglang_chain``; measured in ``benchmarks/sglang_eviction.py``).
 
 Errors never reach SGLang: any failure is logged and answered as a miss (``False`` per
 page, a zero hit), as SGLang's own backends do.
@@ -58,8 +63,16 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from hybrid_connector import assemble
 from hybrid_connector.config import HybridConfig, load_config
-from hybrid_connector.integrations.sglang_keys import KV_POOL, PageKeys, restorable_prefixes
+from hybrid_connector.integrations.sglang_chain import ChainValue, PageChain
+from hybrid_connector.integrations.sglang_keys import (
+    KV_POOL,
+    MAMBA_POOL,
+    PageKeys,
+    restorable_prefixes,
+)
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.model_presets import load_geometry
+from hybrid_connector.policies.tier_value import TierValue
 from tiers.manager import TierManager
 from tiers.store import StoreHooks
 
@@ -106,6 +119,15 @@ class HybridHiCacheStorage(HiCacheStorage):
         self.registered_pools: dict[str, Any] = {}
         self._page_size = int(storage_config.logical_page_size or 0)
         self._keys: PageKeys | None = None
+        self.chain = PageChain()  # depths and parents from SGLang's prefix_keys
+        self._value: TierValue | None = None
+        if self.config.tier_eviction == "value":
+            if not self.config.model:
+                raise ValueError("tier_eviction: value needs `model:` (a preset or geometry "
+                                 "YAML) to price pages in FLOPs")
+            self._value = TierValue.from_config(
+                load_geometry(self.config.model, tp_size=max(1, storage_config.tp_size or 1)),
+                self.config)
 
     # ------------------------------------------------------------------ pools
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -135,18 +157,38 @@ class HybridHiCacheStorage(HiCacheStorage):
         if kv is None:
             return keys
         self._keys = keys
+        value = (None if self._value is None else
+                 ChainValue(self.chain, self._value, page, keys.fingerprints.values()))
         try:
-            self.store.attach(keys.fingerprints[KV_POOL], StoreHooks(on_drop=self._kv_dropped))
+            self.store.attach(keys.fingerprints[KV_POOL],
+                              StoreHooks(on_drop=self._kv_dropped, tier_value=value))
+            self.store.attach(keys.fingerprints[MAMBA_POOL],
+                              StoreHooks(on_drop=self._states_dropped, tier_value=value))
         except ValueError as e:  # another backend of this rank's KV on the same store
             log.warning("%s; states whose last KV page is dropped stay until evicted", e)
+        if value is not None:
+            with self.store.lock:
+                self.store.ledger.value_window = self.config.tier_value_window
         return keys
 
     def _kv_dropped(self, keys: Sequence[ObjectKey]) -> None:
         """The store dropped KV pages on its own: the states at the end of those pages can
         never be restored, so they go too (no dead state memory)."""
         keys_ = self.keys
-        self._safe("drop", lambda: self.store.remove(
-            [keys_.state_of(k) for k in keys if k.kind is ObjectKind.KV]), None)
+        kv = [k for k in keys if k.kind is ObjectKind.KV]
+        self.chain.dropped(ObjectKind.KV, [k.prefix for k in kv])
+        states = [keys_.state_of(k) for k in kv]
+        self._safe("drop", lambda: self.store.remove(states), None)
+        self.chain.dropped(ObjectKind.STATE, [k.prefix for k in states])
+
+    def _states_dropped(self, keys: Sequence[ObjectKey]) -> None:
+        self.chain.dropped(ObjectKind.STATE, [k.prefix for k in keys])
+
+    def _learn(self, extra_info: HiCacheStorageExtraInfo | None, hashes: Sequence[str]) -> None:
+        """Record the chain ``prefix_keys + hashes`` names (when SGLang passes it)."""
+        prefix = getattr(extra_info, "prefix_keys", None)
+        if prefix is not None:
+            self._safe("learn", lambda: self.chain.learn(list(prefix), list(hashes)), None)
 
     # ------------------------------------------------------------------ safety
     def _safe(self, what: str, fn: Callable[[], T], miss: T) -> T:
@@ -193,6 +235,7 @@ class HybridHiCacheStorage(HiCacheStorage):
         """SGLang's contract: the usable prefix (pages) over the KV pool and each extra
         pool's hit policy, per-pool boundaries and every restorable length."""
         def run() -> PoolTransferResult:
+            self._learn(extra_info, keys)
             kv = self._present(KV_POOL, keys)
             run_len = kv.index(False) if False in kv else len(kv)
             extra = [(_name(t.name), _name(t.hit_policy), len(t.keys or ()),
@@ -241,9 +284,12 @@ class HybridHiCacheStorage(HiCacheStorage):
         if self.store.where([key])[0] is not None:  # same hash, same bytes: refresh only
             with self.store.lock:
                 self.store.ledger.touch([key])
-            return True
-        page = pool.get_data_page(index, flat=True).contiguous()
-        return self.store.put([(key, page)])[0]
+            ok = True
+        else:
+            ok = self.store.put([(key, pool.get_data_page(index, flat=True).contiguous())])[0]
+        if ok:
+            self.chain.stored(key.kind, [key.prefix])
+        return ok
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
@@ -253,7 +299,10 @@ class HybridHiCacheStorage(HiCacheStorage):
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        """Store each transfer's host pages; per page True when stored (or already held)."""
+        """Store each transfer's host pages; per page True when stored (or already held).
+        With ``prefix_keys`` in ``extra_info``, each transfer's chain is learned first."""
+        for t in transfers:
+            self._learn(extra_info, t.keys or [])
         return self._io(transfers, self._write, "batch_set_v2")
 
     # ------------------------------------------------------------------ v1 (KV only)
@@ -263,12 +312,14 @@ class HybridHiCacheStorage(HiCacheStorage):
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """KV pages into the KV host pool (``batch_get_v2`` of one KV transfer)."""
-        return self.batch_get_v2(self._kv(keys, host_indices)).get(KV_POOL, [False] * len(keys))
+        return self.batch_get_v2(self._kv(keys, host_indices), extra_info).get(
+            KV_POOL, [False] * len(keys))
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         """KV pages from the KV host pool (``batch_set_v2`` of one KV transfer)."""
-        return self.batch_set_v2(self._kv(keys, host_indices)).get(KV_POOL, [False] * len(keys))
+        return self.batch_set_v2(self._kv(keys, host_indices), extra_info).get(
+            KV_POOL, [False] * len(keys))
 
     # ------------------------------------------------------------------ legacy (KV keys)
     def get(self, key: str, target_location: Any = None,
@@ -301,6 +352,15 @@ class HybridHiCacheStorage(HiCacheStorage):
         return len(vals) == len(keys) and all([self.set(k, v) for k, v in zip(keys, vals,
                                                                               strict=True)])
 
+    def batch_exists(self, keys: list[str],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        """Leading run of KV pages held (one batched lookup); learns the chain."""
+        def run() -> int:
+            self._learn(extra_info, keys)
+            kv = self._present(KV_POOL, keys)
+            return kv.index(False) if False in kv else len(kv)
+        return self._safe("batch_exists", run, 0)
+
     def exists(self, key: str) -> bool:
         return self._safe("exists", lambda: self._present(KV_POOL, [key])[0], False)
 
@@ -313,6 +373,7 @@ class HybridHiCacheStorage(HiCacheStorage):
             fps = set(self.keys.fingerprints.values())
             self.store.remove([k for kind in ObjectKind for k in self.store.keys(kind)
                                if k.fingerprint in fps])
+            self.chain.clear()
         self._safe("clear", run, None)
 
     def get_stats(self) -> Any:

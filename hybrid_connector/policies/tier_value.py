@@ -91,8 +91,22 @@ class TierValue:
             if len(self._by_key) >= 1 << 17:
                 self._by_key.clear()
             r = self._by_key[key] = self.recompute_s(key.end, since_of(key))
-        n = nbytes if nbytes > 0 else 1
-        return likelihood(hits, age) * (r - n / bps) / n
+        return _per_byte(r, nbytes, bps, hits, age)
+
+    def span_value(self, end: int, since: int, nbytes: int, tier: str, hits: int,
+                   age: int) -> float | None:
+        """The module contract's value for an object whose tokens are given apart from its
+        key (``[since, end)`` after ``since`` tokens; for keys that carry no token range,
+        e.g. SGLang's page hashes). None: an unknown tier."""
+        bps = self.read_bps.get(tier)
+        if bps is None:
+            return None
+        return _per_byte(self.recompute_s(end, since), nbytes, bps, hits, age)
+
+
+def _per_byte(recompute_s: float, nbytes: int, bps: float, hits: int, age: int) -> float:
+    n = nbytes if nbytes > 0 else 1
+    return likelihood(hits, age) * (recompute_s - n / bps) / n
 
 
 def since_of(key: ObjectKey) -> int:

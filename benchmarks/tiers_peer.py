@@ -61,10 +61,13 @@ FAIRNESS = [
     "(its default) behind its asyncio put tasks; batched_get_blocking reads on a pool of 4.",
     "plain: write + fsync per object on one thread (put); readinto on one thread (get); "
     "no header, checksum or index. plain-par: the same writes on {threads} threads, one "
-    "fsync per file (the device's durable-write ceiling here). o_direct: plain's files "
+    "fsync per file (the device's durable-write ceiling here), and its reads on as many "
+    "threads; plain-par-x: plain-par with an xxh3-128 of every object read (the ceiling "
+    "of a reader that checks every byte, as ours does). o_direct: plain's files "
     "read with O_DIRECT into aligned buffers (what O_DIRECT reads would give).",
     "nvme-nf (ours, disk_fsync false): as nvme without any fsync (LMCache's durability), "
-    "checksums still on.",
+    "checksums still on. nvme-nv (ours, disk_verify_reads false): as nvme (fsync on) "
+    "with reads that check header, key, sizes but not the payload's checksum.",
     "host (ours) / lmc-cpu (LocalCPUBackend): both copy the payload in on put (ours into a "
     "slab, LMCache into a MemoryObj from its allocator); on get both copy into a caller "
     "buffer (LMCache: get_blocking + copy). One thread each, no checksum.",
@@ -129,21 +132,36 @@ def tier_side(tier: Tier, items: list[tuple[ObjectKey, torch.Tensor]], files: Pa
                 files_in(files) if files else None, close=tier.close)
 
 
-def plain_side(items: list[tuple[ObjectKey, torch.Tensor]], d: Path, threads: int) -> Side:
+def plain_side(items: list[tuple[ObjectKey, torch.Tensor]], d: Path, threads: int,
+               verify: bool = False) -> Side:
+    """Plain files: with ``threads`` > 1 the writes and the reads of a batch run on a pool
+    of that size; ``verify``: each read is followed by an xxh3-128 of the bytes read (what
+    any reader that checks every byte pays on top of the copy)."""
+    import xxhash
+
     base = file_ops(items, d)
     from concurrent.futures import ThreadPoolExecutor
 
     views = [t.reshape(-1).view(torch.uint8).numpy().data for _, t in items]
     back = [bytearray(len(v)) for v in views]
+    sums = [xxhash.xxh3_128(v).digest() for v in views] if verify else []
     pool = ThreadPoolExecutor(threads)
 
     def write(i: int) -> None:
         write_synced(d / f"plain{i}", views[i])
 
+    def read(i: int) -> None:
+        with open(d / f"plain{i}", "rb", buffering=0) as f:
+            f.readinto(back[i])
+        if verify and xxhash.xxh3_128(back[i]).digest() != sums[i]:
+            raise RuntimeError("plain-par-x: checksum mismatch")
+
     def get() -> None:
-        for i, b in enumerate(back):
-            with open(d / f"plain{i}", "rb", buffering=0) as f:
-                f.readinto(b)
+        if threads == 1:
+            for i in range(len(back)):
+                read(i)
+        else:
+            list(pool.map(read, range(len(back))))
 
     def put() -> None:
         list(pool.map(write, range(len(views))))
@@ -336,9 +354,14 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
                               items, work / f"peer-nvme-{kind.value}"),
             "plain": plain_side(items, work / f"peer-plain-{kind.value}", 1),
             "plain-par": plain_side(items, work / f"peer-plainpar-{kind.value}", threads),
+            "plain-par-x": plain_side(items, work / f"peer-plainparx-{kind.value}", threads,
+                                      verify=True),
             "o_direct": direct_side(items, work / f"peer-direct-{kind.value}"),
             "nvme-nf": tier_side(NvmeTier(work / f"peer-nvmenf-{kind.value}", budget, fsync=False,
                                           io_threads=threads), items, work / f"peer-nvmenf-{kind.value}"),
+            "nvme-nv": tier_side(NvmeTier(work / f"peer-nvmenv-{kind.value}", budget,
+                                          verify_reads=False, io_threads=threads),
+                                 items, work / f"peer-nvmenv-{kind.value}"),
         }
         if lm is not None:
             d = work / f"peer-lmc-{kind.value}"
@@ -353,16 +376,19 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
                 for n, ops in t.items()}
         ratios: dict[str, Any] = {}
         pairs = [("nvme", "plain"), ("nvme", "plain-par"), ("nvme", "o_direct"), ("host", "lmc-cpu"),
-                 ("nvme", "lmc-disk"), ("nvme-nf", "lmc-disk")]
+                 ("nvme", "lmc-disk"), ("nvme-nf", "lmc-disk"), ("nvme-nv", "lmc-disk")]
         for ours, peer in pairs:
             if peer not in stat:
                 continue
             ratios[f"{ours}/{peer}"] = {
                 op: {agg: stat[peer][op][f"{agg}_s"] / stat[ours][op][f"{agg}_s"] for agg in ("best", "median")}
                 for op in ("put", "get", "cold") if op in stat[ours] and op in stat[peer]}
-        if "lmc-disk" in stat:  # what any fsyncing writer reached against LMCache here
+        if "lmc-disk" in stat:  # what any fsyncing writer / verifying reader reached here
             ratios["plain-par/lmc-disk"] = {"put": {
                 agg: stat["lmc-disk"]["put"][f"{agg}_s"] / stat["plain-par"]["put"][f"{agg}_s"]
+                for agg in ("best", "median")}}
+            ratios["plain-par-x/lmc-disk"] = {"get": {
+                agg: stat["lmc-disk"]["get"][f"{agg}_s"] / stat["plain-par-x"]["get"][f"{agg}_s"]
                 for agg in ("best", "median")}}
         res["kinds"].append({"kind": kind.value, "objects": count, "MB": total / 1e6,
                              "times": stat, "ratios": ratios})
@@ -393,6 +419,12 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
         print("  (durable-write ceiling: plain parallel writes with fsync reach "
               + ", ".join(f"{k} {v:.2f}" for k, v in ceil)
               + " of lmc-disk's puts, which never wait for the device)")
+    ceil = [(k["kind"], k["ratios"]["plain-par-x/lmc-disk"]["get"]["best"]) for k in res["kinds"]
+            if "plain-par-x/lmc-disk" in k["ratios"]]
+    if ceil:
+        print("  (verifying-read ceiling: plain parallel reads + xxh3 of every byte reach "
+              + ", ".join(f"{k} {v:.2f}" for k, v in ceil)
+              + " of lmc-disk's gets, which check nothing)")
     res["targets_met"] = verdicts
     res["loadavg_end"] = os.getloadavg()  # a shared machine: how busy it was
     return res

@@ -47,7 +47,12 @@ def read_checked(fd: int, dst: memoryview, offset: int, hasher: codec.Hasher | N
     """Read ``len(dst)`` bytes at ``offset`` straight into ``dst``, feeding each chunk to
     ``hasher`` while it is still in cache (one pass over memory, not two). 256 KiB chunks
     measured best here: larger ones fall out of cache before the hash reads them, smaller
-    ones cost more syscalls than they save. CorruptObject if the file is shorter."""
+    ones cost more syscalls than they save. Without a hasher it is one read (a single
+    large copy is 10-20% faster than 256 KiB pieces here). CorruptObject if the file is
+    shorter."""
+    if hasher is None:
+        read_exact(fd, dst, offset)
+        return
     off = 0
     while off < len(dst):
         n = os.preadv(fd, [dst[off : off + chunk]], offset + off)

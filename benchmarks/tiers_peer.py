@@ -413,18 +413,15 @@ def run_peer(args: argparse.Namespace, sizes: dict[ObjectKind, tuple[int, int]],
             verdicts[f"nvme/{peer} {op}"] = worst >= target
             print(f"  nvme {op} >= {target:.1f} of {peer}: " + ", ".join(f"{k} {v:.2f}" for k, v in vals)
                   + f" -> {'MET' if worst >= target else 'NOT MET'}")
-    ceil = [(k["kind"], k["ratios"]["plain-par/lmc-disk"]["put"]["best"]) for k in res["kinds"]
-            if "plain-par/lmc-disk" in k["ratios"]]
-    if ceil:
-        print("  (durable-write ceiling: plain parallel writes with fsync reach "
-              + ", ".join(f"{k} {v:.2f}" for k, v in ceil)
-              + " of lmc-disk's puts, which never wait for the device)")
-    ceil = [(k["kind"], k["ratios"]["plain-par-x/lmc-disk"]["get"]["best"]) for k in res["kinds"]
-            if "plain-par-x/lmc-disk" in k["ratios"]]
-    if ceil:
-        print("  (verifying-read ceiling: plain parallel reads + xxh3 of every byte reach "
-              + ", ".join(f"{k} {v:.2f}" for k, v in ceil)
-              + " of lmc-disk's gets, which check nothing)")
+    for pair, op, what, why in (
+            ("plain-par/lmc-disk", "put", "durable-write ceiling: plain parallel writes with "
+             "fsync", "puts, which never wait for the device"),
+            ("plain-par-x/lmc-disk", "get", "verifying-read ceiling: plain parallel reads + "
+             "xxh3 of every byte", "gets, which check nothing")):
+        ceil = [(k["kind"], k["ratios"][pair][op]["best"]) for k in res["kinds"] if pair in k["ratios"]]
+        if ceil:
+            print(f"  ({what} reach " + ", ".join(f"{k} {v:.2f}" for k, v in ceil)
+                  + f" of lmc-disk's {why})")
     res["targets_met"] = verdicts
     res["loadavg_end"] = os.getloadavg()  # a shared machine: how busy it was
     return res

@@ -2,7 +2,7 @@
 # Build .venv-sglang: a second virtual environment in which SGLang 0.5.23's HiCache
 # controller (sglang.srt.managers.cache_controller.HiCacheController), the hybrid
 # controller (mem_cache/hybrid_cache/hybrid_cache_controller.py) and the real host pools
-# (mem_cache/memory_pool_host.py, mem_cache/pool_host/*) import on CPU, for
+# (mem_cache/pool_host/mha.py, mamba.py; memory_pool_host.py) import on CPU, for
 # tests/sglang_full. The main .venv cannot: those modules import sglang.srt.configs, which
 # imports torchvision, and no torchvision imports beside the CPU torch 2.13.0 there.
 #   * torch 2.14.1 + torchvision 0.29.1 first (a CUDA build on this machine's local disk,
@@ -25,6 +25,12 @@ LIGHT_DEPS=(IPython starlette apache-tvm-ffi dill compressed-tensors gguf pybase
     "transformers==5.20.2" safetensors sentencepiece einops)
 
 die() { echo "install_sglang_full.sh: $*" >&2; exit 1; }
+# pip, its notes about this machine's local indexes (and, for the --no-deps sglang, about
+# its pins) filtered; pip's own exit status kept.
+pip_q() {
+    "${PIP[@]}" "$@" 2>&1 | { grep -v -E "^WARNING: Location|^(ERROR: pip's dependency resolver|sglang .* requires)" || true; }
+    return "${PIPESTATUS[0]}"
+}
 
 have_all() {
     "$VENV/bin/python" - <<'PY' >/dev/null 2>&1
@@ -36,7 +42,8 @@ from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import (  # noqa:
     HybridCacheController,
 )
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: F401
-from sglang.srt.mem_cache.memory_pool_host import MHATokenToKVPoolHost  # noqa: F401
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: F401
+import sglang.srt.mem_cache.memory_pool_host  # noqa: F401
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: F401
 import hybrid_connector.integrations.sglang  # noqa: F401
 import pytest  # noqa: F401
@@ -51,17 +58,16 @@ command -v "$BASE_PYTHON" >/dev/null || die "$BASE_PYTHON not found (set PYTHON 
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
-"${PIP[@]}" "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
+pip_q "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
     || die "pip install torch==${TORCH_VERSION} torchvision==${TORCHVISION_VERSION} failed"
 CONSTRAINTS=$(mktemp)
 trap 'rm -f "$CONSTRAINTS"' EXIT
 printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION" > "$CONSTRAINTS"
 PIP+=(-c "$CONSTRAINTS")
 
-"${PIP[@]}" -e ".[dev]" || die "pip install -e .[dev] failed"
-"${PIP[@]}" --no-deps "sglang==${SGLANG_VERSION}" || die "pip install sglang==${SGLANG_VERSION} failed"
-"${PIP[@]}" "${LIGHT_DEPS[@]}" 2>&1 \
-    | grep -v -E "^(WARNING|ERROR: pip's dependency resolver|sglang .* requires)" || true
+pip_q -e ".[dev]" || die "pip install -e .[dev] failed"
+pip_q --no-deps "sglang==${SGLANG_VERSION}" || die "pip install sglang==${SGLANG_VERSION} failed"
+pip_q "${LIGHT_DEPS[@]}" || die "pip install of the light dependencies failed: ${LIGHT_DEPS[*]}"
 
 "$PY" -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__" \
     || die "torch is not ${TORCH_VERSION} after the install"

@@ -27,10 +27,15 @@ Exercised, all of it SGLang's own code on ``device="cpu"``:
 
 Not exercised (and why):
 
-* the radix tree (``HiRadixCache``/``HiMambaRadixCache``/``UnifiedRadixCache``) above the
-  controller: it needs a scheduler, a ``ReqToTokenPool`` and a model runner; the test plays
-  its part in the storage flow (allocating host slots for a storage hit and handing the
-  operation to ``prefetch_buffer``, draining the ack queues), see ``controller_rig``;
+* the radix tree above the controller. SGLang 0.5.23 has no ``HiMambaRadixCache`` class:
+  that role is ``UnifiedRadixCache`` with a MAMBA tree component
+  (``mem_cache/unified_radix_cache.py:199``), built from ``CacheInitParams`` (a hybrid
+  ``ReqToTokenPool`` with its device state pool, tree components) and driven by
+  scheduler ``Req`` objects; building that was not attempted here. The test plays the
+  tree's part of the storage flow instead: ``write_storage`` with the node's hashes,
+  prefix and MAMBA transfer (as at ``unified_radix_cache.py:2010``), and for a storage
+  hit fresh host slots and ``prefetch_buffer.put`` (as at ``unified_radix_cache.py:3150``),
+  then the ack queues it drains;
 * device <-> host transfers (``write``/``load``/``start_writing``/``start_loading``): the
   host pools' transfer kernels are sgl_kernel CUDA ops (``memory_pool_host.py`` imports them
   only under ``_is_cuda or _is_hip``), and the L2 path records ``device_module`` (CUDA)

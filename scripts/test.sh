@@ -12,3 +12,6 @@ if [ -f scripts/check_cuda.sh ] && command -v nvcc >/dev/null; then bash scripts
 $PY -m ruff check .
 $PY -m mypy
 $PY -m pytest -q -p no:cacheprovider "$@"
+# SGLang's real HiCache controllers need torchvision, which only imports beside the CUDA
+# torch 2.14.1 build: their tests run in a second venv (.venv-sglang, ~3 min to build).
+if [ -f scripts/test_sglang_full.sh ] && [ "$#" -eq 0 ]; then bash scripts/test_sglang_full.sh; fi

@@ -191,6 +191,14 @@ def test_hybrid_controller_kv_and_mamba_with_prefix_keys(tmp_path: Path,
         assert torch.equal(mamba.get_data_page(int(new_slot[0])).view(torch.uint8),
                            state.view(torch.uint8))
         _check_prefix_keys(backend.calls, prefix, hashes)
+        # the FLOP-aware eviction's page chain, learned from the controller's own calls
+        from hybrid_connector.integrations.sglang_keys import hash_bytes
+
+        chain = backend.chain
+        assert [chain.depth(hash_bytes(h)) for h in hashes] == [
+            len(prefix) + i + 1 for i in range(len(hashes))]
+        assert [chain.states_below(hash_bytes(h)) for h in hashes] == [1] * len(hashes)
+        chain.check_integrity()
     finally:
         cc.detach_storage_backend()
 

@@ -24,8 +24,10 @@ is enough to rebuild what Marconi's eviction needs from a radix tree:
 Keys the chain has no depth for (stored while SGLang did not pass ``prefix_keys``, or of
 another model) are unknown to the hook (``None``): the ledger's LRU rules apply to them.
 Thread safety: SGLang calls the backend from several threads (backup, prefetch) and the
-ledger asks the hook with the store's lock held; ``PageChain`` has its own lock, taken for
-single dictionary updates only (it never calls out while holding it).
+ledger asks the hook with the store's lock held; ``PageChain`` has its own lock, held only
+for its own updates (an O(depth) walk at most; it never calls out while holding it), and
+the hook's reads take none (a count read during a concurrent update is off by one at
+most: a ranking hint, never a correctness question).
 """
 
 from __future__ import annotations

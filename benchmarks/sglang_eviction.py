@@ -82,7 +82,7 @@ class FlatPool:
 
 
 def backend(mode: str, kv_bytes: int, state_bytes: int, kv_page: int, slot: int,
-            max_pages: int, window: int = 16) -> tuple[Any, FlatPool]:
+            max_pages: int, window: int = 16) -> Any:
     over: dict[str, Any] = {"pools": {"host": {"kv": kv_bytes, "state": state_bytes}},
                             "max_local_cpu_size": f"{kv_bytes + state_bytes + (1 << 20)}B"}
     if mode == "value":
@@ -96,7 +96,7 @@ def backend(mode: str, kv_bytes: int, state_bytes: int, kv_page: int, slot: int,
     b.register_mem_pool_host(kv)
     b.register_mem_host_pool_v2(kv, PoolName.KV)
     b.register_mem_host_pool_v2(FlatPool(slot, 1, 1), PoolName.MAMBA)
-    return b, kv
+    return b
 
 
 def kv_t(hashes: list[str], first: int) -> PoolTransfer:
@@ -123,7 +123,7 @@ def run(mode: str, records: list[dict[str, Any]], ratio: float, sizes: dict[str,
         label: str, window: int = 16) -> dict[str, float]:
     geo = load_geometry(PRESET)
     kv_page, slot = sizes["kv_page"], sizes["slot"]
-    b, _ = backend(mode, int(sizes["kv_ws"] / ratio), int(sizes["state_ws"] / ratio), kv_page,
+    b = backend(mode, int(sizes["kv_ws"] / ratio), int(sizes["state_ws"] / ratio), kv_page,
                    slot, sizes["max_pages"], window)
     hit_tok = all_tok = 0
     saved = total = 0.0

@@ -36,7 +36,8 @@ Eviction: the tier ledger's per-pool LRU order by default. With ``tier_eviction:
 (and ``model:`` naming the geometry) and SGLang passing ``prefix_keys``
 (``"hicache_storage_pass_prefix_keys": true`` in its extra config), the chain of page
 hashes each call names gives every page its depth and parent, and eviction turns FLOP
-aware as in Marconi: deeper states and leaf pages first by value per byte
+aware as in Marconi: value per byte from the prefill FLOPs a page or state saves, KV pages
+counted per stored state at or below them, and those with none (part of no L3 hit) first
 (``sglang_chain``; measured in ``benchmarks/sglang_eviction.py``).
 
 Errors never reach SGLang: any failure is logged and answered as a miss (``False`` per
@@ -68,6 +69,7 @@ from hybrid_connector.integrations.sglang_keys import (
     KV_POOL,
     MAMBA_POOL,
     PageKeys,
+    leading,
     restorable_prefixes,
 )
 from hybrid_connector.keys import ObjectKey, ObjectKind
@@ -237,7 +239,7 @@ class HybridHiCacheStorage(HiCacheStorage):
         def run() -> PoolTransferResult:
             self._learn(extra_info, keys)
             kv = self._present(KV_POOL, keys)
-            run_len = kv.index(False) if False in kv else len(kv)
+            run_len = leading(kv)
             extra = [(_name(t.name), _name(t.hit_policy), len(t.keys or ()),
                       self._present(_name(t.name), keys[:run_len])) for t in pool_transfers or ()]
             pages, hits, order = restorable_prefixes(kv, extra)
@@ -357,8 +359,7 @@ class HybridHiCacheStorage(HiCacheStorage):
         """Leading run of KV pages held (one batched lookup); learns the chain."""
         def run() -> int:
             self._learn(extra_info, keys)
-            kv = self._present(KV_POOL, keys)
-            return kv.index(False) if False in kv else len(kv)
+            return leading(self._present(KV_POOL, keys))
         return self._safe("batch_exists", run, 0)
 
     def exists(self, key: str) -> bool:

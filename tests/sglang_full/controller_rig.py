@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,14 +205,19 @@ def kv_bytes(host: MHATokenToKVPoolHost, indices: torch.Tensor) -> bytes:
     return host.kv_buffer[:, indices].contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def wait_backup(cc: HiCacheController, op_id: int) -> Any:
-    """The backup thread's ack of write ``op_id`` (the tree's ``writing_check`` drain)."""
+def _arrivals(q: Any) -> Iterator[Any]:
+    """The items put on the queue ``q``, as they arrive, for ``WAIT_S`` seconds."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         try:
-            op = cc.ack_backup_queue.get(timeout=0.2)
+            yield q.get(timeout=0.2)
         except queue.Empty:
             continue
+
+
+def wait_backup(cc: HiCacheController, op_id: int) -> Any:
+    """The backup thread's ack of write ``op_id`` (the tree's ``writing_check`` drain)."""
+    for op in _arrivals(cc.ack_backup_queue):
         if op.id == op_id:
             return op
     raise TimeoutError(f"no backup ack for operation {op_id}")
@@ -224,12 +230,8 @@ def wait_hit(cc: HiCacheController) -> Any:
 
 def wait_prefetch_done(cc: HiCacheController, rid: str) -> list[Any]:
     """Every ack of prefetch ``rid`` up to the ``completed_req`` one."""
-    acks, deadline = [], time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            ack = cc.ack_prefetch_queue.get(timeout=0.2)
-        except queue.Empty:
-            continue
+    acks = []
+    for ack in _arrivals(cc.ack_prefetch_queue):
         if ack.rid == rid:
             acks.append(ack)
             if ack.completed_req:

@@ -60,17 +60,20 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
 pip_q "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
     || die "pip install torch==${TORCH_VERSION} torchvision==${TORCHVISION_VERSION} failed"
-CONSTRAINTS=$(mktemp)
-trap 'rm -f "$CONSTRAINTS"' EXIT
-printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION" > "$CONSTRAINTS"
-PIP+=(-c "$CONSTRAINTS")
+# From here every pip call is constrained to that torch (and torchvision): the shared
+# constraints file, PIP command and torch_unchanged check of the other install scripts.
+NAME=install_sglang_full.sh
+PYTHON="$PY"
+PINNED="sglang"
+# shellcheck source=scripts/pinned_pip.sh
+source scripts/pinned_pip.sh
+echo "torchvision==${TORCHVISION_VERSION}" >> "$CONSTRAINTS"
 
 pip_q -e ".[dev]" || die "pip install -e .[dev] failed"
 pip_q --no-deps "sglang==${SGLANG_VERSION}" || die "pip install sglang==${SGLANG_VERSION} failed"
 pip_q "${LIGHT_DEPS[@]}" || die "pip install of the light dependencies failed: ${LIGHT_DEPS[*]}"
 
-"$PY" -c "import torch; assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__" \
-    || die "torch is not ${TORCH_VERSION} after the install"
+torch_unchanged
 have_all || die "installed, but the controller or host pools do not import; run:
   $PY -c 'from sglang.srt.managers.cache_controller import HiCacheController'"
 echo "install_sglang_full.sh: $VENV ready"

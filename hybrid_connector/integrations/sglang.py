@@ -187,9 +187,12 @@ class HybridHiCacheStorage(HiCacheStorage):
         self.chain.dropped(ObjectKind.STATE, [k.prefix for k in keys])
 
     def _learn(self, extra_info: HiCacheStorageExtraInfo | None, hashes: Sequence[str]) -> None:
-        """Record the chain ``prefix_keys + hashes`` names (when SGLang passes it)."""
+        """Record the chain ``prefix_keys + hashes`` names (when SGLang passes it), with
+        FLOP-aware eviction on only: the chain serves nothing else, and learning costs a
+        pass over the whole prefix per call (unlearned pages leave ``stored``/``dropped``
+        dictionary misses)."""
         prefix = getattr(extra_info, "prefix_keys", None)
-        if prefix is not None:
+        if prefix is not None and self._value is not None:
             self._safe("learn", lambda: self.chain.learn(list(prefix), list(hashes)), None)
 
     # ------------------------------------------------------------------ safety

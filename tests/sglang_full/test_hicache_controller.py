@@ -157,7 +157,9 @@ def test_hybrid_controller_kv_and_mamba_with_prefix_keys(tmp_path: Path,
     next to its last KV page, both land bit-exact in fresh host slots, and with
     ``hicache_storage_pass_prefix_keys`` every call carries the prefix before its keys."""
     raw = json.dumps({**rig.extra_config(rig.write_tiers(tmp_path)),
-                      "hicache_storage_pass_prefix_keys": True, "interface_v1": 1})
+                      "hicache_storage_pass_prefix_keys": True, "interface_v1": 1,
+                      # FLOP-aware eviction on, so the backend keeps the page chain
+                      "overrides": {"tier_eviction": "value", "model": "qwen3.5-4b"}})
     extra, _, _, _, pass_prefix = HybridCacheController.parse_storage_backend_extra_config(raw)
     assert pass_prefix is True and "hicache_storage_pass_prefix_keys" not in extra
     cc = rig.hybrid_controller(extra)

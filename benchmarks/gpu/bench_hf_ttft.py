@@ -1,0 +1,415 @@
+"""TTFT of the transformers runtime on a full-size hybrid model: full prefill vs a hit from
+each tier, and a suffix-replay hit (the GPU proof of issue 28).
+
+A random-weight model of a preset's real geometry (Qwen3.5-0.8B; ``--preset``), bf16. For
+each prompt length L (8K and 32K) the prompts share a prefix of P = L - S tokens (S =
+``--suffix``). For each tier (device HBM, pinned host memory, NVMe), alone in a
+``TierManager`` of the project's own tiers, request A (P + a) saves the KV chunks, request B
+(P + b) saves the checkpoint at the branch point P, and the hits (P + c) are timed:
+
+* ``sync``: ``HFRuntime.prefill`` as shipped (read every object, restore, run the suffix);
+* ``layerwise``: the same plan loaded by the copy engine's streams with ``kernels/`` moving
+  the bytes, overlapped layer by layer with the suffix's prefill (``hf_layerwise``).
+
+Each tier also gets the load alone, the suffix's compute alone, ``hidden = (compute + load -
+overlapped) / load`` (the share of the load hidden under compute), and the kernels' moves
+alone against a device-to-device ``copy_`` of the same bytes measured in the same run. The
+restored KV and states (both paths) and the hit's logits are compared on the device with a
+full prefill's. The replay case: a replay-enabled runtime over the host tier, a hit at P that
+only anchors can serve (labelled approximate), its TTFT and logits against the full prefill.
+
+Every case appends to the JSON (``--out``) as it finishes, so a run cut short by its timeout
+still leaves what it measured; ``--budget-s`` skips the cases that would start after it.
+
+    python3 benchmarks/gpu/bench_hf_ttft.py --out /tmp/hc_gpu/hf_ttft.json
+    python benchmarks/gpu/bench_hf_ttft.py --cpu-dry-run --out /tmp/x.json   (tiny, CPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from hf_layerwise import LayerwiseLoader  # noqa: E402
+from hf_models import build_model  # noqa: E402
+
+from hybrid_connector.config import load_config  # noqa: E402
+from hybrid_connector.integrations.hf import HFRuntime, geometry_for  # noqa: E402
+from hybrid_connector.integrations.hf_state import model_forward, new_model_cache  # noqa: E402
+from hybrid_connector.keys import ObjectKind  # noqa: E402
+from hybrid_connector.layout import kv_layout, state_layout  # noqa: E402
+from hybrid_connector.replay import ReplayGate, ReplayQuality  # noqa: E402
+from tiers.copy_engine import CopyEngine  # noqa: E402
+from tiers.device import DeviceTier  # noqa: E402
+from tiers.host import HostTier  # noqa: E402
+from tiers.manager import TierManager  # noqa: E402
+from tiers.nvme import NvmeTier  # noqa: E402
+
+STATE_TOL = 2e-2  # bf16: a few ulps of the tensor's scale; a wrong or missing restore is ~1
+LOGIT_TOL = 5e-2
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def timed(dev: torch.device, fn: Callable[[], Any]) -> tuple[float, Any]:
+    sync(dev)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(dev)
+    return time.perf_counter() - t0, out
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| over max |want| (on the device; NaN/inf give inf)."""
+    d = (got.float() - want.float()).abs().max()
+    scale = want.float().abs().max().clamp_min(1e-30)
+    r = float((d / scale).item())
+    return r if math.isfinite(r) else float("inf")
+
+
+def copy_bandwidth(dev: torch.device, nbytes: int) -> float:
+    """Bytes moved (read + write) per second by a device-to-device ``copy_`` of ``nbytes``."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    t = min(timed(dev, lambda: b.copy_(a))[0] for _ in range(5))
+    return 2 * nbytes / t
+
+
+def drop_page_cache(root: Path) -> bool:
+    """Flush and drop the NVMe tier's files from the page cache, so reads hit the device."""
+    ok = True
+    for p in root.rglob("*"):
+        if p.is_file():
+            try:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            except OSError:
+                ok = False
+    return ok
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.dev = torch.device(args.device)
+        self.model = build_model(args.preset, self.dev, torch.bfloat16)
+        self.vocab = self.model.config.vocab_size
+        self.t_start = time.perf_counter()
+        self.out: dict[str, Any] = {
+            "device": torch.cuda.get_device_name(self.dev) if self.dev.type == "cuda" else "cpu",
+            "preset": args.preset, "dtype": "bfloat16", "suffix": args.suffix,
+            "chunk_size": args.chunk_size, "cases": [], "skipped": [], "errors": [],
+        }
+        self.gen = torch.Generator().manual_seed(0)
+        self.tmp = Path(tempfile.mkdtemp(prefix="hc_nvme_", dir=args.nvme_dir))
+
+    # ---------------------------------------------------------------- helpers
+    def tokens(self, n: int) -> list[int]:
+        return torch.randint(0, self.vocab, (n,), generator=self.gen).tolist()
+
+    def save(self) -> None:
+        self.out["elapsed_s"] = round(time.perf_counter() - self.t_start, 2)
+        Path(self.args.out).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(self.args.out + ".tmp")
+        tmp.write_text(json.dumps(self.out, indent=1))
+        tmp.replace(self.args.out)
+
+    def over_budget(self, what: str) -> bool:
+        if time.perf_counter() - self.t_start > self.args.budget_s:
+            self.out["skipped"].append(f"{what}: time budget of {self.args.budget_s} s spent")
+            self.save()
+            return True
+        return False
+
+    def config(self, **over: Any) -> Any:
+        return load_config(overrides={"chunk_size": self.args.chunk_size, **over}, environ={})
+
+    def store(self, tier: str, length: int) -> TierManager:
+        g = geometry_for(self.model)
+        kv = kv_layout(g, length + 16 * self.args.suffix).nbytes * 2
+        budgets = {ObjectKind.KV: kv, ObjectKind.STATE: state_layout(g).nbytes * 16,
+                   ObjectKind.ANCHOR: kv // 2}
+        if tier == "device":
+            tiers: list[Any] = [DeviceTier(budgets, device=self.dev)]
+        elif tier == "host":
+            tiers = [HostTier(budgets)]
+        else:
+            tiers = [NvmeTier(self.tmp / f"L{length}", budgets, fsync=False)]
+        return TierManager(tiers, load_device=self.dev, copy_device=self.dev)
+
+    @torch.no_grad()
+    def reference(self, prefix: list[int], prompt: list[int]) -> dict[str, Any]:
+        """Full prefill of ``prompt`` (timed; its last logits) and the cache after the
+        prefix alone (the state and KV a hit at len(prefix) must restore)."""
+        m, dev = self.model, self.dev
+        times = []
+        logits = None
+        for _ in range(self.args.full_reps):
+            mc = new_model_cache(m)
+            t, out = timed(dev, lambda mc=mc: model_forward(
+                m, torch.tensor([prompt], device=dev), mc,
+                torch.arange(len(prompt), device=dev)[None], logits_to_keep=1))
+            times.append(t)
+            logits = out.logits[0, -1].float()
+            del mc, out
+        mc = new_model_cache(m)
+        p = len(prefix)
+        model_forward(m, torch.tensor([prefix], device=dev), mc, torch.arange(p, device=dev)[None],
+                      logits_to_keep=1)
+        return {"ttft": statistics.median(times), "logits": logits, "cache": mc}
+
+    def compare(self, rt: HFRuntime, mc: Any, ref: Any, p: int) -> dict[str, float]:
+        ad = rt.adapter
+        out = {"state_rel_err": rel_err(ad.extract_state(mc), ad.extract_state(ref))}
+        if ad.attention:
+            out["kv_rel_err"] = rel_err(ad.extract_kv(mc, 0, p), ad.extract_kv(ref, 0, p))
+        return out
+
+    @staticmethod
+    def logits_check(got: torch.Tensor, want: torch.Tensor) -> dict[str, Any]:
+        return {"logits_rel_err": rel_err(got, want),
+                "top1_equal": bool(int(got.argmax()) == int(want.argmax()))}
+
+    # ---------------------------------------------------------------- a tier
+    def run_tier(self, tier: str, prefix: list[int], c_prompt: list[int], ref: dict[str, Any]
+                 ) -> dict[str, Any]:
+        """One tier alone: requests A and B store the prefix's KV chunks and the checkpoint
+        at P; then the layer-wise hits (which save nothing) and the runtime's own hits."""
+        store = self.store(tier, len(c_prompt))
+        rt = HFRuntime.create(self.model, self.config(), store, anchors=False)
+        res: dict[str, Any] = {"tier": tier}
+        try:
+            for _ in range(2):  # A, then B (the branch point P gets its checkpoint)
+                rt.finish(rt.prefill(prefix + self.tokens(self.args.suffix)))
+            rt.cache.flush()
+            if tier == "nvme":
+                res["page_cache_dropped"] = drop_page_cache(self.tmp)
+            res.update(self._layerwise(tier, rt, store, len(prefix), c_prompt, ref))
+            res.update(self._sync(tier, rt, prefix, c_prompt, ref))
+            res["ratio_sync"] = ref["ttft"] / res["sync_ttft_s"]
+            res["ratio_layerwise"] = ref["ttft"] / res["layerwise_ttft_s"]
+        finally:
+            rt.close()
+            rt.cache.close()  # and its store
+        return res
+
+    def _cold(self, tier: str) -> None:
+        if tier == "nvme":
+            drop_page_cache(self.tmp)
+
+    def _layerwise(self, tier: str, rt: HFRuntime, store: TierManager, p: int,
+                   c_prompt: list[int], ref: dict[str, Any]) -> dict[str, Any]:
+        dev = self.dev
+        ids = torch.as_tensor(c_prompt, dtype=torch.long)
+        with CopyEngine(max_workers=2, device=dev) as engine:
+            lw = LayerwiseLoader(rt, store, engine, file_tier=tier == "nvme")
+
+            def load_all() -> Any:
+                hit = lw.start(c_prompt, expect=p)
+                hit.wait_all()
+                return hit
+            # untimed first load: staging buffers; the restored cache against the reference
+            self._cold(tier)
+            hit = load_all()
+            check = self.compare(rt, hit.mc, ref["cache"], p)
+            hit.release()
+            # the load alone, the suffix's compute alone, the kernels' moves alone
+            self._cold(tier)
+            t_load, hit = timed(dev, load_all)
+            t_comp, _ = timed(dev, lambda: rt._run(ids[p:], hit.mc, p))
+            load_bytes = sum(t.numel() * t.element_size() for t in hit.staged.device.values())
+            t_k = min(timed(dev, lambda: lw.posts_only(hit))[0] for _ in range(3))
+            copy_bw = copy_bandwidth(dev, load_bytes)
+            hit.release()
+            # overlapped: the suffix's prefill while the hit loads
+            lw_t = []
+            for i in range(self.args.hit_reps):
+                self._cold(tier)
+                box: list[Any] = []
+
+                def go(box: list[Any] = box) -> torch.Tensor:
+                    box.append(lw.start(c_prompt, expect=p))
+                    return lw.run_suffix(box[0], c_prompt)
+                t, logits = timed(dev, go)
+                box[0].release()
+                lw_t.append(t)
+                if i == 0:
+                    check.update(self.logits_check(logits, ref["logits"]))
+        overlapped = statistics.median(lw_t)
+        return {
+            "layerwise_check": check, "layerwise_ttft_s": overlapped, "load_s": t_load,
+            "compute_s": t_comp, "load_bytes": load_bytes, "load_GBps": load_bytes / t_load / 1e9,
+            "hidden_share": max(0.0, min(1.0, (t_comp + t_load - overlapped) / t_load)),
+            "kernel_GBps": 2 * load_bytes / t_k / 1e9, "copy_GBps": copy_bw / 1e9,
+            "kernel_vs_copy": 2 * load_bytes / t_k / copy_bw,
+        }
+
+    def _sync(self, tier: str, rt: HFRuntime, prefix: list[int], c_prompt: list[int],
+              ref: dict[str, Any]) -> dict[str, Any]:
+        """``HFRuntime.prefill`` hits; the first one's restore is captured and compared."""
+        p = len(prefix)
+        captured: list[dict[str, float]] = []
+        orig = rt._restore
+
+        def capture(plan: Any, loaded: Any, info: Any) -> Any:
+            mc = orig(plan, loaded, info)
+            if not captured:
+                captured.append(self.compare(rt, mc, ref["cache"], p))
+            return mc
+        rt._restore = capture  # type: ignore[method-assign]
+        times = []
+        check: dict[str, Any] = {}
+        try:
+            for i in range(self.args.hit_reps):
+                self._cold(tier)
+                prompt = c_prompt if i == 0 else prefix + self.tokens(self.args.suffix)
+                t, r = timed(self.dev, lambda prompt=prompt: rt.prefill(prompt))
+                if r.info.hit_tokens != p or not r.info.exact:
+                    raise RuntimeError(f"sync hit: {r.info.hit_tokens} tokens, exact {r.info.exact}")
+                if i == 0:
+                    check = {**captured[0], **self.logits_check(r.logits, ref["logits"])}
+                times.append(t)
+        finally:
+            rt._restore = orig  # type: ignore[method-assign]
+        return {"sync_check": check, "sync_ttft_s": statistics.median(times)}
+
+    # ---------------------------------------------------------------- replay
+    def run_replay(self, prefix: list[int], c_prompt: list[int], ref: dict[str, Any]) -> dict[str, Any]:
+        gate = ReplayGate(max_kl=1.0, min_top1=0.0)
+        gate.record(ReplayQuality(k=1, kl_mean=0.0, kl_max=0.0, top1=1.0, continuation=1.0,
+                                  continuation_len=32))
+        conf = self.config(replay=True, anchor_page_size=self.args.anchor_page,
+                           anchor_density=0.25)
+        store = self.store("host", len(c_prompt))
+        rt = HFRuntime.create(self.model, conf, store, gate=gate)
+        try:
+            rt.finish(rt.prefill(prefix + self.tokens(self.args.suffix)))  # KV + anchors, no state at P
+            t, r = timed(self.dev, lambda: rt.prefill(c_prompt))
+            info = r.info
+            if info.hit_tokens != len(prefix) or not info.replayed:
+                raise RuntimeError(f"replay hit: {info.hit_tokens} tokens, replayed {info.replayed}")
+            return {"tier": "host", "replay_ttft_s": t, "ratio": ref["ttft"] / t,
+                    "replayed_anchors": info.replay_anchors, "exact": info.exact,
+                    **self.logits_check(r.logits, ref["logits"])}
+        finally:
+            rt.close()
+            rt.cache.close()  # and its store
+
+    # ---------------------------------------------------------------- main
+    def run(self) -> dict[str, Any]:
+        a = self.args
+        warm = self.tokens(64)
+        self.reference(warm[:32], warm)  # kernels, allocator, autotuning
+        for length in a.lengths:
+            p = length - a.suffix
+            prefix = self.tokens(p)
+            if self.over_budget(f"L={length}"):
+                break
+            c_prompt = prefix + self.tokens(a.suffix)
+            ref = self.reference(prefix, c_prompt)
+            case: dict[str, Any] = {"prompt_tokens": length, "prefix_tokens": p,
+                                    "full_ttft_s": ref["ttft"], "tiers": {}}
+            self.out["cases"].append(case)
+            for tier in [*a.tiers, "replay"]:
+                if self.over_budget(f"L={length} {tier}"):
+                    break
+                try:
+                    if tier == "replay":
+                        case["replay"] = self.run_replay(prefix, c_prompt, ref)
+                    else:
+                        case["tiers"][tier] = self.run_tier(tier, prefix, c_prompt, ref)
+                except Exception as exc:  # noqa: BLE001 - recorded; the other cases still run
+                    self.out["errors"].append(f"L={length} {tier}: {exc!r}")
+                self.save()
+            del ref
+        self.out["failures"] = failures(self.out)
+        self.save()
+        return self.out
+
+
+def failures(out: dict[str, Any]) -> list[str]:
+    """Checks that must hold: exact restores equal to the full prefill's, logits close."""
+    bad = list(out["errors"])
+    for case in out["cases"]:
+        for tier, r in case["tiers"].items():
+            for path in ("sync_check", "layerwise_check"):
+                c = r.get(path, {})
+                for key in ("state_rel_err", "kv_rel_err"):
+                    if c.get(key, 0.0) > STATE_TOL:
+                        bad.append(f"L={case['prompt_tokens']} {tier} {path}: {key} {c[key]:.3g}")
+                if c.get("logits_rel_err", 0.0) > LOGIT_TOL:
+                    bad.append(f"L={case['prompt_tokens']} {tier} {path}: logits {c['logits_rel_err']:.3g}")
+    return bad
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="qwen3.5-0.8b")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--suffix", type=int, default=1024)
+    ap.add_argument("--chunk-size", type=int, default=2048)
+    ap.add_argument("--anchor-page", type=int, default=64)
+    ap.add_argument("--tiers", nargs="+", default=["device", "host", "nvme"])
+    ap.add_argument("--hit-reps", type=int, default=3)
+    ap.add_argument("--full-reps", type=int, default=2)
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--nvme-dir", default=None, help="where the NVMe tier's files go (default $TMPDIR)")
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/hc_gpu"), "hf_ttft.json"))
+    ap.add_argument("--cpu-dry-run", action="store_true", help="tiny model, tiny prompts, CPU")
+    args = ap.parse_args(argv)
+    if args.cpu_dry_run:
+        args.device, args.preset, args.lengths, args.suffix = "cpu", "tiny", [96, 160], 32
+        args.chunk_size, args.anchor_page, args.hit_reps, args.full_reps = 16, 16, 2, 1
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    out = Bench(args).run()
+    for case in out["cases"]:
+        print(f"L={case['prompt_tokens']} (prefix {case['prefix_tokens']}): full prefill "
+              f"{case['full_ttft_s'] * 1e3:.1f} ms")
+        for tier, r in case["tiers"].items():
+            print(f"  {tier:6} sync {r['sync_ttft_s'] * 1e3:8.1f} ms (x{r['ratio_sync']:.1f}) | layer-wise "
+                  f"{r['layerwise_ttft_s'] * 1e3:8.1f} ms (x{r['ratio_layerwise']:.1f}) | load "
+                  f"{r['load_s'] * 1e3:.1f} ms {r['load_GBps']:.1f} GB/s, hidden {r['hidden_share']:.0%} | "
+                  f"kernels {r['kernel_vs_copy']:.2f} x copy_")
+        if "replay" in case:
+            r = case["replay"]
+            print(f"  replay sync {r['replay_ttft_s'] * 1e3:8.1f} ms (x{r['ratio']:.1f}), "
+                  f"top1 equal {r['top1_equal']}")
+    for line in out["skipped"]:
+        print("skipped:", line)
+    for line in out["failures"]:
+        print("FAILED:", line)
+    print(f"wrote {args.out}")
+    return 1 if out["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

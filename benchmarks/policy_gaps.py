@@ -62,8 +62,12 @@ def variants(trace: str) -> tuple[str, ...]:
 def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict[str, Any]:
     """One simulation; the row of ``SimResult.row()`` plus ``variant``."""
     geo = get_preset(MODEL)
-    specs = {s.name: s for s in baseline_specs(geo, grid=DEFAULT_ALPHAS, include_reference=False)}
-    base = dict(BASE)
+    # No grid: the shadow tuner keeps its own (DEFAULT_ALPHAS, extended while the top leads);
+    # the v1 window tuner is given the same alphas explicitly.
+    specs = {s.name: s for s in baseline_specs(geo, include_reference=False)}
+    base: dict[str, Any] = dict(BASE)
+    if variant == "marconi_window":
+        base["alpha_grid"] = DEFAULT_ALPHAS
     alpha = None
     if variant == "lru":
         spec = specs["sglang"]

@@ -102,14 +102,16 @@ class HybridConfig(Strict):
     # a fixed alpha's score: Marconi's recency + alpha * efficiency ("sum") or the aging
     # recency * (1 + alpha * efficiency) ("product", policies.marconi.product_utility)
     marconi_score: Literal["sum", "product"] = "sum"
-    alpha_grid: tuple[NonNegFinite, ...] = Field(
-        tuple(round(0.1 * i, 1) for i in range(21)), strict=False
-    )
+    # alpha: auto's candidate alphas. Unset (default): each tuner's own grid (window: 0-2
+    # step 0.1; shadow: shadow_alphas, doubled past its top while that leads, up to 64).
+    # Set: both tuners try these alphas and no other (see _check_tuner_grid).
+    alpha_grid: tuple[NonNegFinite, ...] | None = Field(None, strict=False)
     bootstrap_multiplier: int = Field(5, gt=0)
     retune_interval: int = Field(500, ge=0)
     # alpha: auto. "shadow": twin caches per candidate (policies/shadow_tuner.py);
     # "window": grid search over replays of a recent window (policies/tuner.py).
     alpha_tuner: Literal["shadow", "window"] = "shadow"
+    # the shadow tuner's starting grid when alpha_grid is unset (it may extend it)
     shadow_alphas: tuple[NonNegFinite, ...] = Field((0.0, 0.5, 2.0, 8.0, 32.0), min_length=1,
                                                     strict=False)
     shadow_lru: bool = True  # offer LRU with whole-path refresh (SGLang-style) as a candidate
@@ -198,8 +200,8 @@ class HybridConfig(Strict):
 
     @field_validator("alpha_grid")
     @classmethod
-    def _grid(cls, v: tuple[float, ...]) -> tuple[float, ...]:
-        if not v:
+    def _grid(cls, v: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if v is not None and not v:
             raise ValueError("alpha_grid must list at least one alpha")
         return v
 
@@ -226,6 +228,7 @@ class HybridConfig(Strict):
             raise ValueError("replay is on but anchor_density is 0: no anchors to replay from")
         if self.eviction == "lru" and self.alpha != "auto" and self.alpha != 0.0:
             raise ValueError("alpha is only meaningful with eviction 'marconi'")
+        self._check_tuner_grid()
         self._check_tiers()
         if self.cache_server is not None:
             local: list[str] = [k for k in ("local_disk", "remote_url", "device_size", "pools")
@@ -234,6 +237,21 @@ class HybridConfig(Strict):
                 raise ValueError(f"cache_server is set but {_are(local)} too: in server mode "
                                  "the tiers live in the server (configure them there)")
         return self
+
+    def _check_tuner_grid(self) -> None:
+        """A user-given ``alpha_grid`` is one the shadow tuner can keep to: it replaces
+        ``shadow_alphas`` (not both) and holds the tuner's start (LRU is alpha 0)."""
+        grid = self.alpha_grid
+        if grid is None or self.eviction == "lru" or self.alpha != "auto" or self.alpha_tuner != "shadow":
+            return
+        if "shadow_alphas" in self.model_fields_set:
+            raise ValueError("alpha_grid and shadow_alphas are both set: with alpha_tuner "
+                             "'shadow' the tuner's alphas are alpha_grid (set one of them)")
+        start = 0.0 if self.shadow_start == "lru" else float(self.shadow_start)
+        if start not in grid:
+            raise ValueError(f"alpha_grid {list(grid)} does not hold the shadow tuner's start "
+                             f"(shadow_start {self.shadow_start!r}: alpha {start:g}); add it "
+                             "to the grid or set shadow_start to one of its alphas")
 
     def _check_tiers(self) -> None:
         """Every tier key is honoured by a configured tier or rejected here."""

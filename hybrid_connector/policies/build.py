@@ -35,7 +35,7 @@ from hybrid_connector.policies.lru import LRUEviction
 from hybrid_connector.policies.marconi import MarconiEviction
 from hybrid_connector.policies.placement_admission import PlacementAdmission
 from hybrid_connector.policies.shadow_tuner import ShadowFactory, ShadowTuner, candidates
-from hybrid_connector.policies.tuner import AlphaTuner, Replayer
+from hybrid_connector.policies.tuner import DEFAULT_GRID, AlphaTuner, Replayer
 from hybrid_connector.policies.tuning import LRU, Candidate, Tuner
 
 ACCOUNTING: dict[str, Callable[[ModelGeometry], Accounting]] = {
@@ -47,7 +47,7 @@ ACCOUNTING: dict[str, Callable[[ModelGeometry], Accounting]] = {
 def tuner_options(config: HybridConfig, background: bool = True) -> dict[str, object]:
     """``AlphaTuner`` keyword arguments from the config."""
     return {
-        "grid": tuple(config.alpha_grid),
+        "grid": tuple(config.alpha_grid) if config.alpha_grid is not None else DEFAULT_GRID,
         "bootstrap_multiplier": config.bootstrap_multiplier,
         "retune_interval": config.retune_interval,
         "background": background,
@@ -83,15 +83,22 @@ def marconi_options(config: HybridConfig) -> MarconiOptions:
 
 
 def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, object]:
-    """``ShadowTuner`` keyword arguments from the config."""
+    """``ShadowTuner`` keyword arguments from the config. A user-given ``alpha_grid`` is
+    the candidates' alphas and the tuner never extends past its top (``max_alpha``); the
+    config has already refused a grid without the tuner's start."""
     scores = ("sum", "product") if config.shadow_score == "both" else (config.shadow_score,)
+    grid = config.alpha_grid if config.alpha_grid is not None else config.shadow_alphas
     offered = tuple(dict.fromkeys(c for sc in scores for c in candidates(
-        config.shadow_alphas, config.shadow_lru, sc)))
+        grid, config.shadow_lru, sc)))
     a0 = 0.0 if config.shadow_start == "lru" else float(config.shadow_start)
     start = LRU if a0 == 0 else Candidate(a0, False, scores[-1])
     if start not in offered:
         offered = (*offered, start)
-    return {"offered": offered, "start": start, "z": config.shadow_z, "background": background}
+    opts: dict[str, object] = {"offered": offered, "start": start, "z": config.shadow_z,
+                               "background": background}
+    if config.alpha_grid is not None:
+        opts["max_alpha"] = max(config.alpha_grid)
+    return opts
 
 
 def eviction(config: HybridConfig, replayers: ReplayerSource | None = None,

@@ -224,8 +224,12 @@ class ShadowTuner:
     def _maybe_extend(self, w: np.ndarray, sums: np.ndarray) -> None:
         """Add a shadow at twice the largest alpha while that alpha significantly leads
         the next smaller one (the score still rises at the grid's edge)."""
-        plain = sorted((c.alpha, i) for i, c in enumerate(self.offered) if not c.refresh_path)
-        if len(plain) < 2 or plain[-1][0] <= 0 or 2 * plain[-1][0] > self.max_alpha:
+        lead = self.offered[int(np.argmax(sums))]
+        # the leader's own score family (alpha 0 is recency in every family)
+        plain = sorted((c.alpha, i) for i, c in enumerate(self.offered) if not c.refresh_path
+                       and (c.score == lead.score or c.alpha == 0))
+        if (lead.refresh_path or len(plain) < 2 or plain[-1][0] <= 0
+                or 2 * plain[-1][0] > self.max_alpha):
             return
         top, nxt = plain[-1][1], plain[-2][1]
         if sums[top] < max(sums):

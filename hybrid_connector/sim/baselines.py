@@ -43,7 +43,7 @@ from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.policies.marconi import MarconiEviction
 from hybrid_connector.policies.placement_admission import PlacementAdmission
 from hybrid_connector.policies.shadow_tuner import ShadowTuner
-from hybrid_connector.policies.tuner import AlphaTuner
+from hybrid_connector.policies.tuner import DEFAULT_GRID, AlphaTuner
 from hybrid_connector.policies.tuning import Tuner
 from hybrid_connector.sim.replay import CacheReplayer, shadow_factory
 from hybrid_connector.sim.store import Budget
@@ -139,9 +139,12 @@ def baseline_specs(
     geometry: ModelGeometry, grid: tuple[float, ...] | None = None, placement_slots: int = 4,
     include_reference: bool = True,
 ) -> list[PolicySpec]:
-    """Every spec of the module table for ``geometry`` (``grid`` defaults to the config's)."""
+    """Every spec of the module table for ``geometry``. A ``grid`` is the auto specs'
+    ``alpha_grid`` (their tuners try only it) and the oracle's; without one the tuners
+    keep their own grids and the oracle tries the window tuner's."""
     block = vllm_align_block(geometry)
-    grid = grid or tuple(load_config(None, environ={}).alpha_grid)
+    tuned: dict[str, Any] = {"alpha_grid": grid} if grid else {}
+    grid = grid or DEFAULT_GRID
     align_pages = {"chunk_size": block, "hash_block_size": 16, "alignment": block}
     specs = [
         PolicySpec("vllm_block", "state every 32-token block, LRU",
@@ -154,28 +157,28 @@ def baseline_specs(
         PolicySpec("lmcache", f"opaque {block}-token align pages, LRU", align_pages,
                    _lru, lambda c: EveryBlockAdmission(block)),
         PolicySpec("marconi", "Marconi admission + eviction, auto alpha",
-                   {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid},
+                   {"eviction": "marconi", "alpha": "auto", **tuned},
                    _auto(CorrectedAccounting, _marconi_adm, False), _marconi_adm),
         PolicySpec("marconi_window", "Marconi, auto alpha from window replays (v1 tuner)",
-                   {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid,
+                   {"eviction": "marconi", "alpha": "auto", **tuned,
                     "alpha_tuner": "window"},
                    _auto(CorrectedAccounting, _marconi_adm, False), _marconi_adm),
     ]
     if include_reference:
         specs.append(PolicySpec(
             "marconi_reference", "Marconi with the reference simulator's accounting",
-            {"eviction": "marconi_reference", "alpha": "auto", "alpha_grid": grid},
+            {"eviction": "marconi_reference", "alpha": "auto", **tuned},
             _auto(ReferenceAccounting, _marconi_adm, False), _marconi_adm))
     specs += [
         PolicySpec("oracle", "Marconi, best fixed alpha in hindsight",
                    {"eviction": "marconi", "alpha_grid": grid}, None, _marconi_adm,
                    alpha_grid=grid),
         PolicySpec("placement", "Marconi + sparse placement, auto alpha (no anchors)",
-                   {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid,
+                   {"eviction": "marconi", "alpha": "auto", **tuned,
                     "placement_slots": placement_slots},
                    _auto(CorrectedAccounting, _placement_adm, False), _placement_adm),
         PolicySpec("default", "Marconi + placement + anchors (replay, approximate)",
-                   {"eviction": "marconi", "alpha": "auto", "alpha_grid": grid,
+                   {"eviction": "marconi", "alpha": "auto", **tuned,
                     "placement_slots": placement_slots, "replay": True},
                    _auto(CorrectedAccounting, _placement_adm, True), _placement_adm,
                    anchors=True, anchor_share=0.1),

@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         size, size_line = _cache_size(cfg, args.size)
         grid = tuple(float(x) for x in args.grid.split(",")) if args.grid else None
         spec = _policy_spec(cfg, grid)
+        spec.config()  # a grid the tuner cannot use is a config error, reported here
         geometry = load_geometry(args.model or cfg.model or "marconi-7b")
     except (OSError, ValueError, ConfigError) as exc:
         print(f"simulate: {exc}", file=sys.stderr)

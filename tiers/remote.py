@@ -112,8 +112,9 @@ class RemoteTier(ManifestAccess, IndexedTier):
             raise ValueError(f"remote serde {serde!r}: expected 'naive' or 'zstd'")
         self.url = url
         self.limits = limits or Limits()
-        self.client = client if client is not None else make_client(url, timeout, self.limits,
-                                                                    chunk_size)
+        self.client = client if client is not None else make_client(
+            url, timeout, self.limits, chunk_size,
+            max_len=codec.max_blob_len(max(budgets.values(), default=0)))  # bounds old chunks
         self.zstd_level = zstd_level if serde == "zstd" else None
         self.confirm_puts = confirm_puts
         self._g = Guard(log, f"remote tier {name} ({url})", min_backoff, max_backoff,

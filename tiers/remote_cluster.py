@@ -48,26 +48,40 @@ from hybrid_connector.keys import ObjectKey
 from hybrid_connector.remote_url import CLUSTER, parse_cluster_url, scheme_of
 from tiers import deadline, manifest, remote_clients
 from tiers.manifest import CorruptManifest, Limits
-from tiers.remote_chunks import decode_pointer, split
-from tiers.remote_clients import RemoteClient, RemoteError, ShardUnavailable, _DeadlineConnection
+from tiers.remote_chunks import MAX_CHUNK, MIN_CHUNK, decode_pointer, split
+from tiers.remote_clients import (
+    RemoteClient,
+    RemoteError,
+    ReplyTooLarge,
+    ShardUnavailable,
+    _DeadlineConnection,
+)
 from tiers.remote_shards import Shards, op, patch_slot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 CHUNK_SIZE = 4 << 20
+MAX_LEN = 1 << 36  # a client built without a tier: 64 GiB, one million MIN_CHUNK chunks
+UNLINK_BATCH = 1024  # stale chunk names per UNLINK
 
 
 class RedisClusterClient(RemoteClient):
-    """See the module docstring. ``chunk_size``: the largest value one command moves."""
+    """See the module docstring. ``chunk_size``: the largest value one command moves
+    (``MIN_CHUNK`` .. ``MAX_CHUNK``, else ValueError); ``max_len``: the largest blob this
+    client puts (the remote tier passes its largest pool's blob bound), which bounds the
+    previous version a put replaces."""
 
     def __init__(self, url: str, timeout: float, limits: Limits | None = None,
                  chunk_size: int = CHUNK_SIZE, min_backoff: float = 0.25,
-                 max_backoff: float = 2.0, refresh_interval: float = 0.25) -> None:
+                 max_backoff: float = 2.0, refresh_interval: float = 0.25,
+                 max_len: int = MAX_LEN) -> None:
         import redis
         from redis import exceptions as rx
 
+        if not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+            raise ValueError(f"chunk_size {chunk_size}: expected {MIN_CHUNK}..{MAX_CHUNK} bytes")
         self.cfg = parse_cluster_url(url)
-        self.url, self.timeout, self.chunk_size = url, timeout, chunk_size
+        self.url, self.timeout, self.chunk_size, self.max_len = url, timeout, chunk_size, max_len
         self.limits = limits or Limits()
         base = redis.SSLConnection if self.cfg.tls else redis.Connection
         self._conn_class = type("DeadlineConnection", (_DeadlineConnection, base), {})
@@ -99,9 +113,10 @@ class RedisClusterClient(RemoteClient):
                 from redis.retry import Retry
 
                 # A URL (of the first node) makes redis-py build each node's pool with
-                # our connection class; the other nodes are startup nodes too. Nodes
-                # that answer come first: redis-py asks startup nodes in order, and a hung
-                # one first (a stopped master) would spend the whole deadline.
+                # our connection class. Only a node that answered is a startup node when
+                # one did: redis-py 8 shuffles its startup nodes, and a hung one asked
+                # first (a stopped master) would spend the whole deadline. redis-py learns
+                # every other node from its slot map.
                 (h0, p0), *others = answering_first(self.cfg.nodes, deadline.left() or self.timeout)
                 self._rc = RedisCluster(
                     url=f"redis://{f'[{h0}]' if ':' in h0 else h0}:{p0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
@@ -195,38 +210,51 @@ class RedisClusterClient(RemoteClient):
                 raise RemoteError("SET of a chunk was not acknowledged")
         old = self._cmd(name, lambda r: r.set(name, ptr.encode(), get=True))
         prev = decode_pointer(old) if isinstance(old, bytes) else None
-        if prev is not None and prev.version != ptr.version:
-            stale = prev.chunk_names(name)
-            self._cmd(name, lambda r: r.unlink(*stale))  # readers still on them: misses
+        if prev is None or prev.version == ptr.version:
+            return
+        if prev.total > self.max_len:  # no put of ours wrote it: corrupt, its chunks left
+            log.warning("cluster %s: replaced a pointer claiming %d bytes in %d chunks (over "
+                        "the bound %d); its chunks are not unlinked", name, prev.total,
+                        prev.chunks, self.max_len)
+            return
+        stale = prev.chunk_names(name)  # lazy; readers still on them: misses
+        for i in range(0, len(stale), UNLINK_BATCH):
+            self._cmd(name, op("unlink", *stale[i:i + UNLINK_BATCH]))
 
     def get(self, name: str, max_len: int) -> bytes | bytearray | None:
-        return self._call(lambda: self._get(name, max_len))
+        """A plain blob longer than ``max_len`` is cut at it (as on one server); a chunked
+        one is refused (``ReplyTooLarge``) from its pointer, before anything is read."""
+        return self._call(lambda: self._get(name, max_len, max_len))
 
-    def _get(self, name: str, max_len: int) -> bytes | bytearray | None:
-        v = self._cmd(name, lambda r: r.getrange(name, 0, max_len - 1))
+    def _get(self, name: str, want: int, max_len: int) -> bytes | bytearray | None:
+        """The first ``want`` bytes (``want <= max_len``) of the blob, None when absent."""
+        v = self._cmd(name, lambda r: r.getrange(name, 0, want - 1))
         if not isinstance(v, bytes):
             raise RemoteError(f"GETRANGE answered a {type(v).__name__}")
         ptr = decode_pointer(v) if v else None
         if ptr is None:
             return v or None  # a plain blob (a missing key reads as empty)
-        want = min(ptr.total, max_len)  # a longer object is cut at the bound, as on one server
-        out = bytearray(want)
-        off = 0
-        for cname in ptr.chunk_names(name):
-            if off >= want:
-                break
+        if ptr.total > max_len:  # checked before any chunk name or buffer exists
+            raise ReplyTooLarge(f"{name}: pointer to {ptr.total} bytes in {ptr.chunks} chunks "
+                                f"exceeds the bound {max_len}")
+        want = min(ptr.total, want)
+        names = ptr.chunk_names(name)  # lazy: only the ones read below are made
+        out: bytearray | None = None
+        for i, off in enumerate(range(0, want, ptr.chunk_size)):
             n = min(ptr.chunk_size, want - off)
-            piece = self._cmd(cname, op("getrange", cname, 0, n - 1))
+            piece = self._cmd(names[i], op("getrange", names[i], 0, n - 1))
             if not isinstance(piece, bytes):
                 raise RemoteError(f"GETRANGE answered a {type(piece).__name__}")
             if len(piece) != n:
                 return None  # a chunk is gone (superseded, evicted): the object is not there
+            if out is None:  # allocated once a chunk exists: a bare pointer costs nothing
+                out = bytearray(want)
             out[off:off + n] = piece
-            off += n
         return out
 
     def read_head(self, name: str, head_len: int, max_len: int) -> bytes | bytearray | None:
-        return self.get(name, min(head_len, max_len))
+        """The first ``head_len`` bytes; an object over ``max_len`` as ``get``."""
+        return self._call(lambda: self._get(name, min(head_len, max_len), max_len))
 
     def exists(self, name: str) -> bool:
         return self.exists_many([name])[0]
@@ -321,17 +349,18 @@ class RedisClusterClient(RemoteClient):
 
 
 def make_client(url: str, timeout: float, limits: Limits | None = None,
-                chunk_size: int = CHUNK_SIZE) -> RemoteClient:
+                chunk_size: int = CHUNK_SIZE, max_len: int = MAX_LEN) -> RemoteClient:
     """Client of any remote URL: the cluster schemes here, the rest
-    ``tiers.remote_clients.make_client``. ``chunk_size`` applies to cluster URLs."""
+    ``tiers.remote_clients.make_client``. ``chunk_size`` and ``max_len`` apply to cluster
+    URLs (see ``RedisClusterClient``)."""
     if scheme_of(url) in CLUSTER:
-        return RedisClusterClient(url, timeout, limits, chunk_size=chunk_size)
+        return RedisClusterClient(url, timeout, limits, chunk_size=chunk_size, max_len=max_len)
     return remote_clients.make_client(url, timeout, limits)
 
 
 def answering_first(nodes: Sequence[tuple[str, int]], timeout: float) -> list[tuple[str, int]]:
-    """``nodes`` reordered: the first to answer a PING (all asked in parallel, waiting at
-    most ``timeout`` for one answer), then the rest in their given order."""
+    """The first of ``nodes`` to answer a PING, alone (all asked in parallel, waiting at
+    most ``timeout`` for one answer), or all of them in their given order when none did."""
     import redis
 
     answered: list[tuple[str, int]] = []
@@ -353,4 +382,4 @@ def answering_first(nodes: Sequence[tuple[str, int]], timeout: float) -> list[tu
     first.wait(timeout)
     with lock:
         lead = answered[:1]
-    return lead + [n for n in nodes if n not in lead]
+    return lead or list(nodes)

@@ -1,7 +1,8 @@
 """Saving into the index, in two phases so tier I/O never runs under the index's lock.
 
 ``begin``: checks each object (size against the geometry, anchor pages, range), derives
-its key, skips what is present (or covered by a stored KV chunk with the same end), makes
+its key, skips what is present (indexed, even with its put still in flight from another
+save, or covered by a stored KV chunk with the same end), makes
 room for the whole batch (reclaim, then policy eviction), asks the ledger where each object
 goes and indexes it as pending. It returns a ``SaveTicket``: the ops to run, in order, and
 which op decides each object. ``complete``: the workers' results for some of those ops
@@ -151,7 +152,10 @@ class Saver:
                         refused.append(Rejection(sp.kind, sp.start, sp.end, reason))
                         continue
                     key = cand[i]
-                    if (key in ix.where and ix.usable(key)) or key in batch or self._covered(leaf, key):
+                    # indexed and ready, or its put is in flight (another save's, still
+                    # pending): present, never placed twice
+                    if ((key in ix.where and key not in ix.doomed) or key in batch
+                            or self._covered(leaf, key)):
                         present += 1
                         continue
                     with ix.backend.lock:
@@ -193,8 +197,9 @@ class Saver:
         written to the shared tier is announced there too (``hybrid_connector.manifests``)."""
         ix = self.ix
         with ix.backend.lock:
-            if key in ix.ledger.entries and key not in ix.where:
-                # an orphan of this key (a warm restart could not re-link it): replace it
+            if key in ix.ledger.entries and (key not in ix.where or key in ix.doomed):
+                # an orphan of this key (a warm restart could not re-link it), or what is
+                # left of a doomed one: replace it
                 ix.outbox.extend(ix.ledger.remove(key))
             placement = ix.ledger.place(key, nbytes)
             shared = ix.ledger.shared_tier

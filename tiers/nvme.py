@@ -21,8 +21,9 @@ stays and ``remove`` says False).
 and exact length are still checked, and atomic renames already rule out torn files); it
 trades detection of silent media corruption for read bandwidth (see benchmarks/tiers.py).
 
-The directory belongs to one tier instance at a time (a second instance starting on it
-would delete the first one's in-flight temporary files as debris of a crash).
+The directory belongs to one live tier instance: ``tiers.dirlock`` locks it from before the
+start-up scan until ``close`` (or the process's death), and a second opener (which would
+delete the first one's files as debris or to fit its budget) gets ``DirectoryLocked``.
 
 Optional zstd per kind (``zstd={ObjectKind.STATE: 3}``). Budgets count payload bytes (as
 every tier does); each file adds one header (< 1 KiB) and its metadata, if any (1.3 KiB
@@ -49,6 +50,7 @@ import torch
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.meta import ObjectMeta
 from tiers import codec
+from tiers.dirlock import DirLock
 from tiers.fileio import HeadCache, read_tombstone, write_tombstone
 from tiers.fileio import check_size as _check_size_fn
 from tiers.fileio import open_regular as _open_regular
@@ -72,7 +74,8 @@ class NvmeTier(IndexedTier):
 
     ``io_threads``: workers for the files of one batch (1: all on the caller's thread).
     Raises ValueError if ``path`` exists and is not a directory (or ``io_threads`` < 1),
-    OSError if it cannot be created. Everything after construction reports failures as misses or False.
+    ``tiers.dirlock.DirectoryLocked`` if a live store holds it, OSError if it cannot be
+    created. Everything after construction reports failures as misses or False.
     """
 
     slow = True
@@ -95,6 +98,7 @@ class NvmeTier(IndexedTier):
         if self.path.exists() and not self.path.is_dir():
             raise ValueError(f"nvme tier path {self.path} exists and is not a directory")
         self.path.mkdir(parents=True, exist_ok=True)
+        self._claim = DirLock(self.path)  # before the scan reads or deletes any file
         self._dir = str(self.path)
         self.zstd = dict(zstd or {})
         self.fsync = fsync
@@ -129,7 +133,9 @@ class NvmeTier(IndexedTier):
         return alloc_and_get(self, self._pool, keys, device)
 
     def close(self) -> None:
+        """Stop the I/O pool and release the directory (a later store may open it)."""
         self._pool.close()
+        self._claim.release()
 
     # ------------------------------------------------------------------ start
     def _rebuild(self, verify: bool) -> None:

@@ -21,6 +21,7 @@ from tier_helpers import make_key, make_payload, same_bits
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers import codec
+from tiers.dirlock import LOCK_NAME
 from tiers.manager import TierManager
 from tiers.nvme import NvmeTier
 
@@ -83,6 +84,7 @@ def test_non_regular_file_named_like_an_object_is_dropped_at_start(tmp_path: Pat
         target = elsewhere / other.digest()
         victim.rename(target)
         victim.symlink_to(target)
+    tier.close()  # a restart: one live store per directory
     t2 = finishes(lambda: NvmeTier(d, BIG), release_fifo(fifo))
     assert t2.held_keys() == [good]
     assert not os.path.lexists(victim)  # the squatter is gone ...
@@ -144,11 +146,12 @@ def test_crafted_header_is_dropped_at_start(tmp_path: Path, damage: str) -> None
     assert tier.put([(good, gv)]) == [True]
     bad = make_key(2)
     (d / bad.digest()).write_bytes(_crafted_file(bad, damage))
+    tier.close()  # a restart: one live store per directory
     t2 = NvmeTier(d, HUGE)  # starts (build_store must not fail on one bad file)
     assert t2.held_keys() == [good]
     assert bad.digest() in t2.dropped_at_start
     assert t2.get([bad]) == [None]
-    assert sorted(p.name for p in d.iterdir()) == [good.digest()]
+    assert sorted(p.name for p in d.iterdir() if p.name != LOCK_NAME) == [good.digest()]
 
 
 @pytest.mark.parametrize("damage", ["stored_1e13", "frame_claims_1TB"])
@@ -205,11 +208,13 @@ def test_remove_on_a_read_only_filesystem_reports_failure(ro_capable_tmpfs: Path
         m = TierManager([tier])
         more = [(make_key(i), make_payload(i)) for i in range(3, 6)]
         assert m.put(more) == [False] * 3  # ... so making room on a read-only tier ends
-        t2 = NvmeTier(d, two)  # a restart still finds what was never claimed gone
+        tier.close()  # a restart (one live store per directory) ...
+        t2 = NvmeTier(d, two)  # ... still finds what was never claimed gone
         assert set(t2.held_keys()) == {k1, k2}
     finally:
         _remount(ro_capable_tmpfs, "rw")
-    assert tier.remove([k1]) == [True]
+    assert t2.remove([k1]) == [True]
+    t2.close()
     assert NvmeTier(d, BIG).held_keys() == [k2]
 
 
@@ -229,14 +234,20 @@ def test_removed_but_undeletable_file_does_not_come_back(tmp_path: Path) -> None
         assert tier.remove([k1]) == [True]
         assert f.exists()  # the filesystem refused ...
         assert tier.get([k1]) == [None] and tier.held_keys() == [k2]
+        tier.close()  # restarts below: one live store per directory
         t2 = NvmeTier(d, BIG)  # ... yet a restart does not resurrect it
         assert t2.held_keys() == [k2]
         assert t2.put([(k1, torch.ones(3))]) == [False]  # cannot replace an immutable file
-        assert NvmeTier(d, BIG).held_keys() == [k2]
+        t2.close()
+        t2 = NvmeTier(d, BIG)
+        assert t2.held_keys() == [k2]
+        t2.close()
     finally:
         subprocess.run(["chattr", "-i", str(f)], check=False)
     t3 = NvmeTier(d, BIG)
     assert t3.held_keys() == [k2]
-    assert sorted(p.name for p in d.iterdir()) == [k2.digest()]  # file and tombstone gone
+    # file and tombstone gone
+    assert sorted(p.name for p in d.iterdir() if p.name != LOCK_NAME) == [k2.digest()]
     assert t3.put([(k1, v1)]) == [True]
+    t3.close()
     assert same_bits(NvmeTier(d, BIG).get([k1])[0], v1)

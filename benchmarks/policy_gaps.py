@@ -15,6 +15,7 @@ Criteria per row (token hit rate): auto >= LRU - 1 point, and auto >= 0.9 x best
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ import numpy as np
 
 from hybrid_connector.model_presets import get_preset
 from hybrid_connector.policies.shadow_tuner import DEFAULT_ALPHAS
-from hybrid_connector.sim.baselines import baseline_specs
+from hybrid_connector.sim.baselines import PolicySpec, baseline_specs
 from hybrid_connector.sim.simulate import run_once
 
 MODEL = "marconi-7b"
@@ -59,6 +60,12 @@ def variants(trace: str) -> tuple[str, ...]:
             + (PLACEMENT_VARIANTS if trace in PLACEMENT_TRACES else ()))
 
 
+def _fixed(spec: PolicySpec, **over: Any) -> PolicySpec:
+    """``spec`` with ``over`` in its own overrides (a spec's overrides win over ``base``,
+    so a fixed alpha given as ``base`` would leave an auto spec tuning)."""
+    return dataclasses.replace(spec, overrides={**spec.overrides, **over})
+
+
 def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict[str, Any]:
     """One simulation; the row of ``SimResult.row()`` plus ``variant``."""
     geo = get_preset(MODEL)
@@ -74,12 +81,11 @@ def run_variant(records: list[dict[str, Any]], variant: str, total: int) -> dict
     elif variant.startswith("alpha="):
         spec, alpha = specs["marconi"], float(variant.split("=", 1)[1])
     elif variant.startswith("xalpha="):
-        spec, base["alpha"] = specs["marconi"], float(variant.split("=", 1)[1])
-        base["marconi_score"] = "product"
+        spec = _fixed(specs["marconi"], alpha=float(variant.split("=", 1)[1]), marconi_score="product")
     elif variant == "marconi_joint":
         spec, base["pooled_eviction"] = specs["marconi"], "utility"
     elif variant in PLACEMENT_VARIANTS:  # at one fixed alpha, so placement alone differs
-        spec, base["alpha"], base["placement_tree"] = specs["placement"], PLACEMENT_ALPHA, variant.endswith("tree")
+        spec = _fixed(specs["placement"], alpha=PLACEMENT_ALPHA, placement_tree=variant.endswith("tree"))
     elif variant == "default_shared":
         spec, base["anchor_admission"] = specs["default"], "shared"
     else:

@@ -12,7 +12,7 @@ one pool that KV and states share (the reference simulator's single cache size);
 output says which. Exit code 2 for a bad argument, trace, model or config.
 
 ``gen-trace KIND --out FILE``: writes a synthetic trace (``chat``, ``agentic``, ``docqa``,
-``sysprompt``) with the generator's documented defaults and the given seed.
+``sysprompt``, ``oneshot``, ``blog_agentic``, ``blog_chat``) with the generator's documented defaults and the given seed.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from hybrid_connector.config import parse_size as _parse_size
 
 GEN_SIZES = {
     "chat": (64, 10), "agentic": (16, 30), "docqa": (8, 400), "sysprompt": (4, 600), "oneshot": (1000, 3),
+    "blog_agentic": (15, 20), "blog_chat": (500, 40),
 }
 
 

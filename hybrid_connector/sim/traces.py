@@ -18,6 +18,8 @@ the datasets they imitate, see each docstring):
   sections (a skewed overlap-depth distribution, where sparse placement matters).
 * ``oneshot_chat`` (``traces_oneshot``): short hot prefixes shared by most requests, each
   followed by a long body seen once or twice, then never again.
+* ``blog_agentic`` / ``blog_chat`` (``traces_blog``): the Marconi blog post's two traces,
+  long prefixes reused ~20 times or once or twice, between hot short prefixes.
 * ``system_prompts``: a few long system prompts in families sharing a common base, with
   Zipf-popular prompts and varied short queries.
 """
@@ -37,6 +39,7 @@ from hybrid_connector.sim.trace_util import Record
 from hybrid_connector.sim.trace_util import finish as _finish
 from hybrid_connector.sim.trace_util import lognormal as _lognormal
 from hybrid_connector.sim.trace_util import toks as _toks
+from hybrid_connector.sim.traces_blog import blog_agentic, blog_chat
 from hybrid_connector.sim.traces_oneshot import oneshot_chat
 
 REQUIRED = ("session_id", "turn_id", "ts", "input_tokens", "output_tokens")
@@ -284,6 +287,8 @@ GENERATORS = {
     "docqa": shared_document_qa,
     "sysprompt": system_prompts,
     "oneshot": oneshot_chat,
+    "blog_agentic": blog_agentic,
+    "blog_chat": blog_chat,
 }
 
 

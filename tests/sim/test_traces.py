@@ -19,7 +19,7 @@ from hybrid_connector.sim.traces import (
 )
 
 SMALL = {"chat": (4, 3, 1), "agentic": (3, 6, 1), "docqa": (2, 10, 1), "sysprompt": (2, 10, 1),
-         "oneshot": (12, 2, 1)}
+         "oneshot": (12, 2, 1), "blog_agentic": (3, 4, 1), "blog_chat": (8, 4, 1)}
 
 
 @pytest.mark.parametrize("kind", sorted(GENERATORS))
@@ -92,3 +92,27 @@ def test_jsonl_roundtrip_and_errors(tmp_path) -> None:
     bad.write_text("not json\n")
     with pytest.raises(ValueError, match="not JSON"):
         load_jsonl(bad)
+
+
+def _prefix_uses(recs, min_len: int) -> dict[bytes, int]:
+    """How many requests start with each distinct leading ``min_len`` tokens."""
+    out: dict[bytes, int] = {}
+    for r in recs:
+        k = np.asarray(r["input_tokens"][:min_len]).tobytes()
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def test_blog_traces_have_the_posts_shapes() -> None:
+    from hybrid_connector.sim.traces_blog import blog_agentic, blog_chat
+
+    a = blog_agentic(as_arrays=True)
+    longs = [r for r in a if len(r["input_tokens"]) >= 4096]
+    uses = _prefix_uses(longs, 4096)
+    assert len(uses) == 15 and 15 <= np.mean(list(uses.values())) <= 25  # ~20 reuses each
+    hot = _prefix_uses([r for r in a if len(r["input_tokens"]) < 2048], 256)
+    assert 20 <= len(hot) <= 40 and max(hot.values()) > 20  # Zipf-hot short prefixes
+    b = blog_chat(as_arrays=True)
+    uses = _prefix_uses([r for r in b if len(r["input_tokens"]) >= 4096], 4096)
+    assert len(uses) == 500 and set(uses.values()) == {1, 2}
+    assert len(b) == pytest.approx(1500, rel=0.05)

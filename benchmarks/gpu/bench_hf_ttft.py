@@ -29,13 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +42,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from hf_bench_util import (  # noqa: E402
+    copy_bandwidth,
+    drop_page_cache,
+    failures,
+    prefill_ttft,
+    rel_err,
+    report,
+    timed,
+)
 from hf_layerwise import LayerwiseLoader  # noqa: E402
 from hf_models import build_model  # noqa: E402
 
@@ -58,56 +65,6 @@ from tiers.device import DeviceTier  # noqa: E402
 from tiers.host import HostTier  # noqa: E402
 from tiers.manager import TierManager  # noqa: E402
 from tiers.nvme import NvmeTier  # noqa: E402
-
-STATE_TOL = 2e-2  # bf16: a few ulps of the tensor's scale; a wrong or missing restore is ~1
-LOGIT_TOL = 5e-2
-
-
-def sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def timed(dev: torch.device, fn: Callable[[], Any]) -> tuple[float, Any]:
-    sync(dev)
-    t0 = time.perf_counter()
-    out = fn()
-    sync(dev)
-    return time.perf_counter() - t0, out
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    """max |got - want| over max |want| (on the device; NaN/inf give inf)."""
-    d = (got.float() - want.float()).abs().max()
-    scale = want.float().abs().max().clamp_min(1e-30)
-    r = float((d / scale).item())
-    return r if math.isfinite(r) else float("inf")
-
-
-def copy_bandwidth(dev: torch.device, nbytes: int) -> float:
-    """Bytes moved (read + write) per second by a device-to-device ``copy_`` of ``nbytes``."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-    b = torch.empty_like(a)
-    b.copy_(a)
-    t = min(timed(dev, lambda: b.copy_(a))[0] for _ in range(5))
-    return 2 * nbytes / t
-
-
-def drop_page_cache(root: Path) -> bool:
-    """Flush and drop the NVMe tier's files from the page cache, so reads hit the device."""
-    ok = True
-    for p in root.rglob("*"):
-        if p.is_file():
-            try:
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-            except OSError:
-                ok = False
-    return ok
 
 
 class Bench:
@@ -201,8 +158,10 @@ class Bench:
         rt = HFRuntime.create(self.model, self.config(), store, anchors=False)
         res: dict[str, Any] = {"tier": tier}
         try:
-            for _ in range(2):  # A, then B (the branch point P gets its checkpoint)
-                rt.finish(rt.prefill(prefix + self.tokens(self.args.suffix)))
+            for i in range(2):  # A, then B (the branch point P gets its checkpoint)
+                t, r = prefill_ttft(rt, prefix + self.tokens(self.args.suffix), self.dev)
+                res["miss_ttft_s" if i == 0 else "branch_ttft_s"] = t
+                rt.finish(r)
             rt.cache.flush()
             if tier == "nvme":
                 res["page_cache_dropped"] = drop_page_cache(self.tmp)
@@ -285,7 +244,7 @@ class Bench:
             for i in range(self.args.hit_reps):
                 self._cold(tier)
                 prompt = c_prompt if i == 0 else prefix + self.tokens(self.args.suffix)
-                t, r = timed(self.dev, lambda prompt=prompt: rt.prefill(prompt))
+                t, r = prefill_ttft(rt, prompt, self.dev)
                 if r.info.hit_tokens != p or not r.info.exact:
                     raise RuntimeError(f"sync hit: {r.info.hit_tokens} tokens, exact {r.info.exact}")
                 if i == 0:
@@ -306,7 +265,7 @@ class Bench:
         rt = HFRuntime.create(self.model, conf, store, gate=gate)
         try:
             rt.finish(rt.prefill(prefix + self.tokens(self.args.suffix)))  # KV + anchors, no state at P
-            t, r = timed(self.dev, lambda: rt.prefill(c_prompt))
+            t, r = prefill_ttft(rt, c_prompt, self.dev)
             info = r.info
             if info.hit_tokens != len(prefix) or not info.replayed:
                 raise RuntimeError(f"replay hit: {info.hit_tokens} tokens, replayed {info.replayed}")
@@ -320,6 +279,13 @@ class Bench:
     # ---------------------------------------------------------------- main
     def run(self) -> dict[str, Any]:
         a = self.args
+        for preset in a.check_presets:  # the real geometry's config, without its weights
+            try:
+                m = build_model(preset, torch.device("meta"), torch.bfloat16)
+                self.out.setdefault("preset_checks", {})[preset] = (
+                    f"{sum(x.numel() for x in m.parameters()) / 1e9:.2f}B parameters, geometry OK")
+            except Exception as exc:  # noqa: BLE001 - recorded as a failure
+                self.out["errors"].append(f"preset {preset}: {exc!r}")
         warm = self.tokens(64)
         self.reference(warm[:32], warm)  # kernels, allocator, autotuning
         for length in a.lengths:
@@ -349,28 +315,13 @@ class Bench:
         return self.out
 
 
-def failures(out: dict[str, Any]) -> list[str]:
-    """Checks that must hold: exact restores equal to the full prefill's, logits close."""
-    bad = list(out["errors"])
-    for case in out["cases"]:
-        for tier, r in case["tiers"].items():
-            for path in ("sync_check", "layerwise_check"):
-                c = r.get(path, {})
-                for key in ("state_rel_err", "kv_rel_err"):
-                    if c.get(key, 0.0) > STATE_TOL:
-                        bad.append(f"L={case['prompt_tokens']} {tier} {path}: {key} {c[key]:.3g}")
-                if c.get("logits_rel_err", 0.0) > LOGIT_TOL:
-                    bad.append(f"L={case['prompt_tokens']} {tier} {path}: logits {c['logits_rel_err']:.3g}")
-    return bad
-
-
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="qwen3.5-0.8b")
     ap.add_argument("--lengths", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--suffix", type=int, default=1024)
-    ap.add_argument("--chunk-size", type=int, default=2048)
+    ap.add_argument("--chunk-size", type=int, default=1024)
     ap.add_argument("--anchor-page", type=int, default=64)
     ap.add_argument("--tiers", nargs="+", default=["device", "host", "nvme"])
     ap.add_argument("--hit-reps", type=int, default=3)
@@ -378,11 +329,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--nvme-dir", default=None, help="where the NVMe tier's files go (default $TMPDIR)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/hc_gpu"), "hf_ttft.json"))
-    ap.add_argument("--cpu-dry-run", action="store_true", help="tiny model, tiny prompts, CPU")
+    ap.add_argument("--check-presets", nargs="*", default=[],
+                    help="also build these presets on the meta device and check their geometry")
+    ap.add_argument("--cpu-dry-run", action="store_true",
+                    help="tiny model, tiny prompts, CPU; the real presets checked on meta")
     args = ap.parse_args(argv)
     if args.cpu_dry_run:
         args.device, args.preset, args.lengths, args.suffix = "cpu", "tiny", [96, 160], 32
         args.chunk_size, args.anchor_page, args.hit_reps, args.full_reps = 16, 16, 2, 1
+        args.check_presets = args.check_presets or ["qwen3.5-0.8b", "qwen3.5-4b"]
+    for length in args.lengths:  # the hit at P needs a KV chunk and an anchor page ending at P
+        p = length - args.suffix
+        if p <= 0 or p % args.chunk_size or p % args.anchor_page:
+            ap.error(f"prefix {p} of length {length} must be a positive multiple of --chunk-size "
+                     f"({args.chunk_size}) and --anchor-page ({args.anchor_page})")
     return args
 
 
@@ -391,22 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu":
         torch.set_num_threads(1)
     out = Bench(args).run()
-    for case in out["cases"]:
-        print(f"L={case['prompt_tokens']} (prefix {case['prefix_tokens']}): full prefill "
-              f"{case['full_ttft_s'] * 1e3:.1f} ms")
-        for tier, r in case["tiers"].items():
-            print(f"  {tier:6} sync {r['sync_ttft_s'] * 1e3:8.1f} ms (x{r['ratio_sync']:.1f}) | layer-wise "
-                  f"{r['layerwise_ttft_s'] * 1e3:8.1f} ms (x{r['ratio_layerwise']:.1f}) | load "
-                  f"{r['load_s'] * 1e3:.1f} ms {r['load_GBps']:.1f} GB/s, hidden {r['hidden_share']:.0%} | "
-                  f"kernels {r['kernel_vs_copy']:.2f} x copy_")
-        if "replay" in case:
-            r = case["replay"]
-            print(f"  replay sync {r['replay_ttft_s'] * 1e3:8.1f} ms (x{r['ratio']:.1f}), "
-                  f"top1 equal {r['top1_equal']}")
-    for line in out["skipped"]:
-        print("skipped:", line)
-    for line in out["failures"]:
-        print("FAILED:", line)
+    report(out)
     print(f"wrote {args.out}")
     return 1 if out["failures"] else 0
 

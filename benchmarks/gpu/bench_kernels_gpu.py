@@ -6,13 +6,16 @@ moves data as fast as the copy engine of the framework. Also printed: the torch
 fallback on the same CUDA tensors, to show what the kernels buy. Target: >= 0.7.
 
     python3 benchmarks/gpu/bench_kernels_gpu.py [--quick]
-    python benchmarks/gpu/bench_kernels_gpu.py --device cpu --shrink 64
+    python benchmarks/gpu/bench_kernels_gpu.py --cpu-dry-run   (= --device cpu --shrink 64 --quick)
         (a smoke run of the same code without a GPU; the figures mean nothing)
+
+``--json PATH`` also writes the figures as JSON (run_all.sh's summary reads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -120,7 +123,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shrink", type=int, default=1, help="divide sizes (smoke runs)")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="--device cpu --shrink 64 --quick")
+    ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
+    if args.cpu_dry_run:
+        args.device, args.shrink, args.quick = "cpu", 64, True
     global DEV, SHRINK
     DEV, SHRINK = torch.device(args.device), max(1, args.shrink)
     iters = 10 if args.quick else 30
@@ -152,6 +159,14 @@ def main() -> None:
         print(f"{name:30} {traffic / 2**20:11.1f} {traffic / tk / 1e12:6.2f} {frac:8.2f} "
               f"{traffic / tt / 1e12:10.2f} {traffic / tt / copy_bw:8.2f}")
     print(f"lowest kernel fraction of copy bandwidth: {worst:.2f} (target >= 0.70)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({
+            "device": name, "backend": backend, "copy_TBps": copy_bw / 1e12,
+            "lowest_fraction": worst,
+            "kernels": [{"kernel": n, "traffic_bytes": tr, "TBps": tr / tk / 1e12,
+                         "x_copy": tr / tk / copy_bw, "torch_x_copy": tr / tt / copy_bw}
+                        for n, tr, tk, tt in rows]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -17,13 +17,17 @@ does. Reported: compute alone, load alone, both overlapped, and
 The restored caches are checked against the host copy after the overlapped run.
 
     python3 benchmarks/gpu/bench_overlap.py [--quick]
-    python benchmarks/gpu/bench_overlap.py --device cpu --prefix 256 --hidden 64 --suffix 64
-        (a smoke run of the same code on a machine without a GPU; the figures mean nothing)
+    python benchmarks/gpu/bench_overlap.py --cpu-dry-run
+        (= --device cpu --prefix 256 --hidden 64 --suffix 64 --quick: a smoke run of the same
+        code on a machine without a GPU; the figures mean nothing)
+
+``--json PATH`` also writes the figures as JSON (run_all.sh's summary reads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -162,14 +166,21 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=2560)
     ap.add_argument("--suffix", type=int, nargs="+", default=[4096, 1024])
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cpu-dry-run", action="store_true",
+                    help="--device cpu --prefix 256 --hidden 64 --suffix 64 --quick")
+    ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
+    if args.cpu_dry_run:
+        args.device, args.prefix, args.hidden, args.suffix, args.quick = "cpu", 256, 64, [64], True
     global DEV
     DEV = torch.device(args.device)
     reps = 3 if args.quick else 7
     backend = kernels.backend_name(torch.empty(0, device=DEV))
     name = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu"
     print(f"device {name} | kernel backend {backend}")
-    print(f"host->device copy (pinned on CUDA): {h2d_bandwidth() / 1e9:.1f} GB/s")
+    h2d = h2d_bandwidth()
+    print(f"host->device copy (pinned on CUDA): {h2d / 1e9:.1f} GB/s")
+    results: list[dict[str, float]] = []
     with CopyEngine(max_workers=2, device=DEV) as engine:
         for suffix in args.suffix:
             stack = Stack(args.prefix, args.kv_heads, args.head_size, args.hidden, suffix)
@@ -182,7 +193,14 @@ def main() -> None:
                 f"fetch hidden {hidden:.0%} (target >= 80%; bound {min(1.0, r['compute'] / r['load']):.0%} "
                 f"when compute < load)"
             )
+            results.append({"suffix": suffix, "prefix": args.prefix, "load_bytes": stack.load_bytes,
+                            "compute_s": r["compute"], "load_s": r["load"], "overlap_s": r["overlap"],
+                            "hidden_share": hidden})
             stack.clear()
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"device": name, "backend": backend,
+                                               "h2d_GBps": h2d / 1e9, "cases": results}, indent=1))
 
 
 if __name__ == "__main__":

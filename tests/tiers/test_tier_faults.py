@@ -18,6 +18,7 @@ from tier_helpers import make_key, make_payload, same_bits
 from tier_servers import StalledServer, run_redis
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from tiers.dirlock import LOCK_NAME
 from tiers.host import HostTier
 from tiers.manager import TierManager
 from tiers.nvme import NvmeTier
@@ -150,6 +151,7 @@ def test_unreadable_file_is_a_miss_and_dropped(tmp_path: Path, damage: str,
     assert m.where([k]) == [None] and tier.used(K.KV) == 10 * 4
     assert same_bits(m.get([k2])[0], v2)  # the neighbour is untouched
     # a restart drops whatever is still damaged and keeps the rest
+    tier.close()  # one live store per directory
     t2 = NvmeTier(tmp_path / "nvme", BIG)
     assert t2.held_keys() == [k2]
 
@@ -183,10 +185,12 @@ def test_restart_drops_corrupt_files_it_finds(tmp_path: Path) -> None:
     os.truncate(d / items[1][0].digest(), 50)
     (d / items[2][0].digest()).rename(d / items[3][0].digest().replace("a", "b", 1).replace("0", "1", 1))
     (d / ".stale.1.2.3.tmp").write_bytes(b"half a write")
+    tier.close()  # restarts below: one live store per directory
     t2 = NvmeTier(d, BIG)
     assert t2.held_keys() == [items[3][0]]
     assert len(t2.dropped_at_start) == 3
-    assert sorted(p.name for p in d.iterdir()) == [items[3][0].digest()]
+    assert sorted(p.name for p in d.iterdir() if p.name != LOCK_NAME) == [items[3][0].digest()]
+    t2.close()
     # verify_on_start also checks every checksum
     f = d / items[3][0].digest()
     b = f.read_bytes()
@@ -201,6 +205,7 @@ def test_shrunk_budget_drops_oldest_at_start(tmp_path: Path) -> None:
     for age, it in enumerate(items):
         tier.put([it])
         os.utime(tmp_path / "nvme" / it[0].digest(), (1e9 + age, 1e9 + age))  # distinct mtimes
+    tier.close()  # a restart: one live store per directory
     t2 = NvmeTier(tmp_path / "nvme", {K.KV: 2048})
     assert set(t2.held_keys()) == {items[2][0], items[3][0]}
     assert t2.used(K.KV) == 2048

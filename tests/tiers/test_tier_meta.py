@@ -187,6 +187,7 @@ def test_old_files_without_metadata_still_load(tmp_path: Path) -> None:
     plain, pv = make_key(3), make_payload(3)
     assert tier.put([(plain, pv)]) == [True]  # no metadata: the old layout, byte for byte
     assert (d / plain.digest()).read_bytes() == old_format_file(plain, pv)
+    tier.close()  # a restart: one live store per directory
     t2 = NvmeTier(d, BIG)
     assert t2.dropped_at_start == []
     assert {k: m for k, _, m in t2.inventory()} == {new: meta_for(new), old: None, plain: None}

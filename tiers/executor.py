@@ -3,9 +3,11 @@ objects from them; it decides nothing.
 
 Two lanes keep a slow store from stalling the rest: local ops (device, host, NVMe) run in
 submission order on one thread, so a demotion always lands before the put that needed its
-room, and ops on the shared tier (a remote store) run in order on another. Consecutive
-puts to one tier go as one batch (one fsync round, one pipeline). ``inline=True`` runs
-everything in the caller's thread (the simulator, tests, a store used without an index).
+room, and ops on the shared tier (a remote store) run in order on another, except those
+that free or fill local room (a promotion's take from it, a demotion into it: local lane).
+Consecutive puts to one tier go as one batch (one fsync round, one pipeline).
+``inline=True`` runs everything in the caller's thread (the simulator, tests, a store used
+without an index).
 
 Reads run in the caller's thread, concurrently with the lanes: a read tries the tier the
 plan named, then every other tier (an object may be mid-move), so it never depends on the
@@ -109,9 +111,10 @@ class Executor:
 
     def _on_shared(self, op: Op) -> bool:
         # Anything touching the shared tier runs on its lane, except a promotion's take
-        # from it: the take and the put that follows must stay on one lane, in order.
+        # from it (the take and the put that follows must stay on one lane, in order) and
+        # a demotion into it (it frees local room the local puts after it need).
         if isinstance(op, Move):
-            return self.shared in (op.src, op.dst)
+            return op.src == self.shared
         if isinstance(op, Take):
             return False
         return op.tier == self.shared

@@ -7,8 +7,11 @@ one truth of what is where.
 * Local tiers are exclusive. A new object goes to the fastest local tier whose pool for its
   kind can hold it, making room by moving that pool's least recently used, unpinned, ready
   objects down: a victim is demoted to the next tier that can hold it when ``merits(key)``
-  agrees (making room there recursively), else it leaves the local tiers and is dropped
-  (``dropped``: the index forgets it) unless a copy sits on the shared tier. With a
+  agrees (making room there recursively), else it leaves the local tiers: kept as
+  shared-only when a copy sits on the shared tier, moved there when it has none (its
+  shared put failed: the remote was down) and the shared budget has room, else dropped
+  (``dropped``: the index forgets it). A drop while a tier below had room is a defect
+  (``drops_with_room``, asserted zero by ``check``). With a
   value window (``value_window`` > 0, ``tier_eviction: value``) the victim is the lowest
   value per byte of the pool's oldest candidates and it goes down only where loading it
   beats recomputing it (``tiers.ledger_value``).
@@ -26,16 +29,17 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from tiers.ledger_check import check_ledger
+from tiers.ledger_room import Room
 from tiers.ledger_types import Entry, Placement, TierSpec, TierUsage, kind_limits, pool_totals
-from tiers.ledger_value import TierValue, lowest_value, worth_keeping
-from tiers.ops import Move, Op, Put, Remove, Take
+from tiers.ledger_value import TierValue
+from tiers.ops import Op, Put, Remove, Take
 
 __all__ = ["Entry", "Ledger", "Merits", "Placement", "TierSpec", "TierValue"]
 
 Merits = Callable[[ObjectKey], bool]
 
 
-class Ledger:
+class Ledger(Room):
     """Budgets and locations of every object; see the module docstring."""
 
     def __init__(self, specs: Sequence[TierSpec], merits: Merits | None = None,
@@ -58,6 +62,7 @@ class Ledger:
         self._tracked: dict[str, int] = {}  # pool name -> bytes of the entries using it
         self._kind_used = dict.fromkeys(ObjectKind, 0)
         self._max_object, self._room = kind_limits(self.specs)
+        self.drops_with_room = 0  # evictions dropped while a tier below could take them
 
     # ------------------------------------------------------------------ queries
     @property
@@ -167,79 +172,6 @@ class Ledger:
             ops.append(Put(key, sh.spec.name))
             return Placement(sh.spec.name, tuple(ops), tuple(dropped))
         return Placement(None, tuple(ops), tuple(dropped))
-
-    def _victim(self, t: TierUsage, kind: ObjectKind, exclude: set[ObjectKey]) -> ObjectKey | None:
-        pool = t.spec.kind_pool.get(kind)
-        if self.value_window and self.value is not None and not t.spec.shared:
-            return lowest_value(t, self.entries, pool, exclude, self.value, self.clock,
-                                self.value_window, self._local)
-        for k in t.lru:
-            e = self.entries[k]
-            if (t.spec.kind_pool.get(k.kind) == pool and not e.pending and not e.pins
-                    and k not in exclude):
-                return k
-        return None
-
-    def _make_room(self, i: int, kind: ObjectKind, nbytes: int, ops: list[Op],
-                   dropped: list[ObjectKey], exclude: set[ObjectKey]) -> bool:
-        t = self._local[i]
-        while not t.fits(kind, nbytes):
-            victim = self._victim(t, kind, exclude)
-            if victim is None:
-                return False
-            self._evict(i, victim, ops, dropped, exclude)
-        return True
-
-    def _evict(self, i: int, key: ObjectKey, ops: list[Op], dropped: list[ObjectKey],
-               exclude: set[ObjectKey]) -> None:
-        """Move ``key`` out of local tier ``i``: down if it merits and fits, else off the
-        local tiers (kept as a shared copy when there is one, else dropped)."""
-        e = self.entries[key]
-        src = self._local[i]
-        merits = self.merits is None or self.merits(key)
-        for j in range(i + 1, len(self._local)):
-            dst = self._local[j]
-            if not merits or not dst.holds(key.kind, e.nbytes) or not self._worth(e, dst):
-                continue
-            if self._make_room(j, key.kind, e.nbytes, ops, dropped, exclude | {key}):
-                src.free(key, e.nbytes)
-                dst.charge(key, e.nbytes)
-                e.tier, e.last = dst.spec.name, self.clock  # its age in the new tier: 0
-                ops.append(Move(key, src.spec.name, dst.spec.name))
-                return
-        src.free(key, e.nbytes)
-        ops.append(Remove(key, src.spec.name))
-        e.tier = None
-        self._keep_shared_or_drop(e, dropped, exclude)
-
-    def _worth(self, e: Entry, dst: TierUsage) -> bool:
-        return worth_keeping(self.value, self.value_window, e, dst.spec.name, self.clock)
-
-    def _keep_shared_or_drop(self, e: Entry, dropped: list[ObjectKey],
-                             exclude: set[ObjectKey]) -> None:
-        """``e`` left the local tiers: track it as shared-only when it has a shared copy
-        and there is room for that, else forget it (reported in ``dropped``)."""
-        sh = self._shared
-        if (e.shared and sh is not None and sh.holds(e.key.kind, e.nbytes) and self._worth(e, sh)
-                and self._room_shared(e.key.kind, e.nbytes, dropped, exclude | {e.key})):
-            sh.charge(e.key, e.nbytes)
-            return
-        self._forget(e.key)
-        dropped.append(e.key)
-
-    def _room_shared(self, kind: ObjectKind, nbytes: int, dropped: list[ObjectKey],
-                     exclude: set[ObjectKey]) -> bool:
-        """Room to track ``nbytes`` more shared-only objects: forget the oldest ones (no op:
-        the shared copies stay for whoever else uses them)."""
-        sh = self._shared
-        assert sh is not None
-        while not sh.fits(kind, nbytes):
-            victim = self._victim(sh, kind, exclude)
-            if victim is None:
-                return False
-            sh.free(victim, self._forget(victim).nbytes)
-            dropped.append(victim)
-        return True
 
     def commit(self, key: ObjectKey, ok: bool, shared: bool = False) -> bool:
         """Outcome of one of a placed object's puts: its local copy, or (``shared``) its
@@ -395,6 +327,8 @@ class Ledger:
         return Placement(e.tier, tuple(ops), tuple(dropped))
 
     def check(self) -> None:
-        """Raise AssertionError if usage or tracked bytes are off (``tiers.ledger_check``)."""
+        """Raise AssertionError if usage or tracked bytes are off (``tiers.ledger_check``)
+        or an eviction dropped an object a tier below had room for."""
+        assert not self.drops_with_room, f"{self.drops_with_room} drops with room below"
         check_ledger(self.entries, self._tiers(), self._shared, self._pool_name,
                      self._charged, self._tracked)

@@ -92,6 +92,16 @@ class TierUsage:
         self.used[pool] -= self.spec.size(key.kind, nbytes)
         self.lru.pop(key, None)
 
+    def oldest(self, entries: Mapping[ObjectKey, Entry], pool: str | None,
+               exclude: set[ObjectKey]) -> ObjectKey | None:
+        """The least recently used ready, unpinned key of ``pool`` not in ``exclude``."""
+        for k in self.lru:
+            e = entries[k]
+            if (self.spec.kind_pool.get(k.kind) == pool and not e.pending and not e.pins
+                    and k not in exclude):
+                return k
+        return None
+
 
 @dataclass(frozen=True)
 class Placement:

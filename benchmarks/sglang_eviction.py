@@ -69,6 +69,7 @@ class FlatPool:
 
     def __init__(self, page_bytes: int, slots: int, page_size: int) -> None:
         self.page_size, self.layout = page_size, "page_first"
+        self.size = slots * page_size  # token slots: what host indices are checked against
         self.buf = torch.zeros(slots, page_bytes, dtype=torch.uint8)
 
     def get_data_page(self, index: int, flat: bool = True) -> torch.Tensor:

@@ -41,7 +41,8 @@ counted per stored state at or below them, and those with none (part of no L3 hi
 (``sglang_chain``; measured in ``benchmarks/sglang_eviction.py``).
 
 Errors never reach SGLang: any failure is logged and answered as a miss (``False`` per
-page, a zero hit), as SGLang's own backends do.
+page, a zero hit), as SGLang's own backends do. Host indices and page sizes are checked
+before anything moves (``sglang_pages``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from hybrid_connector.integrations.sglang_keys import (
     leading,
     restorable_prefixes,
 )
+from hybrid_connector.integrations.sglang_pages import PageSpec, held_fits, page_starts
 from hybrid_connector.keys import ObjectKey, ObjectKind
 from hybrid_connector.model_presets import load_geometry
 from hybrid_connector.policies.tier_value import TierValue
@@ -80,6 +82,7 @@ from tiers.store import StoreHooks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+PageFn = Callable[[ObjectKey, Any, int, PageSpec], bool]  # key, host pool, first slot, page
 
 
 def _name(value: object) -> str:
@@ -221,8 +224,7 @@ class HybridHiCacheStorage(HiCacheStorage):
         shared = self.store.ledger.shared_tier
         if host is None or shared is None or self.store.executor is None:
             return
-        page = host.get_dummy_flat_data_page()
-        nbytes = page.numel() * page.element_size()
+        nbytes = PageSpec.of(host).nbytes
         ask = [i for i, ok in enumerate(found) if not ok]
         held = self.store.executor.tiers[shared].contains([keys[i] for i in ask])
         dropped: list[ObjectKey] = []
@@ -249,7 +251,7 @@ class HybridHiCacheStorage(HiCacheStorage):
             return PoolTransferResult(pages, hits, order)
         return self._safe("batch_exists_v2", run, PoolTransferResult(0, {}, []))
 
-    def _io(self, transfers: list[PoolTransfer], page_fn: Callable[[ObjectKey, Any, int], bool],
+    def _io(self, transfers: list[PoolTransfer], page_fn: PageFn,
             what: str) -> dict[str, list[bool]]:
         out: dict[str, list[bool]] = {}
         for t in transfers:
@@ -259,39 +261,42 @@ class HybridHiCacheStorage(HiCacheStorage):
         return out
 
     def _pool_io(self, name: str, hashes: list[str], host_indices: torch.Tensor | None,
-                 page_fn: Callable[[ObjectKey, Any, int], bool]) -> list[bool]:
+                 page_fn: PageFn) -> list[bool]:
+        """``page_fn`` per page, once the transfer's indices are all valid for its pool
+        (``page_starts``); otherwise every page is False and nothing moves."""
         pool = self.registered_pools.get(name)
         if pool is None or not self.keys.supports(name):
             log.warning("pool %r is not registered or not stored; its pages are misses", name)
             return [False] * len(hashes)
-        step = int(getattr(pool, "page_size", 1) or 1)
-        if host_indices is None or host_indices.numel() != len(hashes) * step:
-            got = 0 if host_indices is None else host_indices.numel()
-            log.warning("pool %r: %d host indices for %d pages of %d", name, got, len(hashes), step)
+        starts = page_starts(pool, len(hashes), host_indices)
+        if isinstance(starts, str):
+            log.warning("pool %r: %s; its %d pages are refused", name, starts, len(hashes))
             return [False] * len(hashes)
-        flat = host_indices.reshape(-1)
-        return [self._safe(name, partial(self._page, page_fn, name, h, pool,
-                                         int(flat[i * step].item())), False)
-                for i, h in enumerate(hashes)]
+        spec = PageSpec.of(pool)
+        return [self._safe(name, partial(self._page, page_fn, name, h, pool, i, spec), False)
+                for h, i in zip(hashes, starts, strict=True)]
 
-    def _page(self, page_fn: Callable[[ObjectKey, Any, int], bool], name: str, page_hash: str,
-              pool: Any, index: int) -> bool:
-        return page_fn(self.keys.key(name, page_hash), pool, index)
+    def _page(self, page_fn: PageFn, name: str, page_hash: str, pool: Any, index: int,
+              spec: PageSpec) -> bool:
+        return page_fn(self.keys.key(name, page_hash), pool, index, spec)
 
-    def _read(self, key: ObjectKey, pool: Any, index: int) -> bool:
+    def _read(self, key: ObjectKey, pool: Any, index: int, spec: PageSpec) -> bool:
         buf = pool.get_dummy_flat_data_page()
         if not self.store.get_into([key], [buf])[0]:
             return False
         pool.set_from_flat_data_page(index, buf)
         return True
 
-    def _write(self, key: ObjectKey, pool: Any, index: int) -> bool:
-        if self.store.where([key])[0] is not None:  # same hash, same bytes: refresh only
+    def _write(self, key: ObjectKey, pool: Any, index: int, spec: PageSpec) -> bool:
+        if held_fits(self.store, key, spec):  # same hash, same bytes: refresh only
             with self.store.lock:
                 self.store.ledger.touch([key])
             ok = True
-        else:
-            ok = self.store.put([(key, pool.get_data_page(index, flat=True).contiguous())])[0]
+        else:  # absent, or held with another size: (re)written
+            page = pool.get_data_page(index, flat=True).contiguous()
+            if not spec.fits(page):  # a pool whose pages differ from its own dummy page
+                raise ValueError(f"page at {index}: {page.numel()} {page.dtype}, not {spec}")
+            ok = self.store.put([(key, page)])[0]
         if ok:
             self.chain.stored(key.kind, [key.prefix])
         return ok
@@ -344,11 +349,16 @@ class HybridHiCacheStorage(HiCacheStorage):
 
     def set(self, key: str, value: Any = None, target_location: Any = None,
             target_sizes: Any = None) -> bool:
-        """Store a copy of the tensor ``value`` under ``key``."""
+        """Store ``value`` under ``key`` as a flat page of the KV host pool (replacing what
+        is held); False, nothing stored, unless it has that registered pool's page bytes."""
         def run() -> bool:
-            if not isinstance(value, torch.Tensor):
+            kv = self.registered_pools.get(KV_POOL)
+            spec = None if kv is None else PageSpec.of(kv)
+            page = spec.coerce(value) if spec and isinstance(value, torch.Tensor) else None
+            if page is None:
+                log.warning("set(%r): not a page of the registered KV host pool", key)
                 return False
-            return self.store.put([(self.keys.key(KV_POOL, key), value.contiguous())])[0]
+            return self.store.put([(self.keys.key(KV_POOL, key), page)])[0]
         return self._safe("set", run, False)
 
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,

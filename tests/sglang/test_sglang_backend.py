@@ -153,13 +153,14 @@ def test_v1_and_legacy_calls(make: Callable[..., HiCacheStorage]) -> None:
     assert backend.batch_exists(hashes) == 3 and backend.exists(hashes[0])
     assert backend.batch_get_v1(hashes, torch.arange(8 * PAGE, 11 * PAGE)) == [True] * 3
     assert kv_bytes(kv, 8, 3) == kv_bytes(kv, 0, 3)
-    value = torch.arange(24, dtype=torch.float32)
+    value = kv.get_data_page(4 * PAGE)  # as SGLang's legacy page set passes it: a flat page
     assert backend.set("legacy-key", value) and backend.exists("legacy-key")
-    out = torch.zeros(24)
+    out = kv.get_dummy_flat_data_page()
     assert backend.get("legacy-key", out) is out and torch.equal(out, value)
-    assert backend.get("other-key", torch.zeros(24)) is None
+    assert backend.get("other-key", kv.get_dummy_flat_data_page()) is None
     assert backend.batch_set(["a", "b"], [value, value]) is True
-    assert [t is not None for t in backend.batch_get(["a", "zz"], [torch.zeros(24)] * 2)] == [True, False]
+    outs = [kv.get_dummy_flat_data_page() for _ in range(2)]
+    assert [t is not None for t in backend.batch_get(["a", "zz"], outs)] == [True, False]
 
 
 def test_bad_configuration_is_refused_at_start_with_the_reason(tmp_path: Path) -> None:

@@ -44,6 +44,23 @@ class ServerSettings(_Section):
     idle_timeout_s: float = Field(600.0, gt=0.0, allow_inf_nan=False)
     workers: int = Field(8, gt=0, le=256)  # threads running cache calls off the event loop
     plain_lmcache: bool = True  # serve LMCache's PUT/GET/EXIST/LIST/HEALTH
+    # Service-layer bounds (``hybrid_connector.server.service``): model indexes at once
+    # (at the cap, unused ones holding nothing are freed; beyond, HELLO is refused), a
+    # lease's lifetime from ACQUIRE (None: the longest LOAD reply the deadlines allow, plus
+    # 10 s), leases per session, and the share of any budget pool (a kind's pool over the
+    # local tiers) one session's leases may pin.
+    max_models: int = Field(64, gt=0)
+    lease_timeout_s: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    max_leases_per_session: int = Field(1024, gt=0)
+    max_pinned_fraction: float = Field(0.5, gt=0.0, le=1.0)
+
+    @property
+    def lease_lifetime_s(self) -> float:
+        """``lease_timeout_s``, or the longest LOAD (``frame_timeout_s`` plus a
+        ``max_frame_bytes`` reply at ``min_rate``) plus 10 s."""
+        if self.lease_timeout_s is not None:
+            return self.lease_timeout_s
+        return self.frame_timeout_s + self.max_frame_bytes / self.min_rate + 10.0
 
 
 class ClientSettings(_Section):

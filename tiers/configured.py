@@ -42,12 +42,17 @@ def build_tiers(config: HybridConfig, device: torch.device | str | None = None,
     """Tiers from the config's typed keys (device, host, disk, remote; see
     ``TierManager.from_config``). ``disk_path`` replaces ``config.disk_path`` (one directory
     per TP rank: a directory belongs to one tier instance). Raises ValueError/OSError for a
-    bad remote URL or an unusable disk path."""
+    bad remote URL or an unusable disk path, ``ConfigError`` for a host pool larger than the
+    machine's memory or a disk pool larger than its filesystem's room
+    (``tiers.machine.check_sizes``), ``tiers.dirlock.DirectoryLocked`` for a disk path a
+    live store holds."""
     from tiers.device import DeviceTier
     from tiers.host import HostTier
+    from tiers.machine import check_sizes
     from tiers.nvme import NvmeTier
     from tiers.remote import RemoteTier
 
+    check_sizes(config, disk_path)
     tiers: list[Tier] = []
     for name in _present(config):
         b = _budgets(config, name)

@@ -1,19 +1,28 @@
 """``hybrid-connector server`` (run a cache server) and ``hybrid-connector ping``.
 
 ``server --config configs/server.yaml`` serves the config's tiers; flags override the
-YAML (host, port, http port, token, host and NVMe sizes, NVMe path, remote URL). The token
+YAML (host, port, http port, token, host and NVMe sizes, NVMe path, remote URL). A size flag
+scales that tier's pools in the YAML to the new total, each kind keeping its share. The token
 may also come from ``HYBRID_CONNECTOR_SERVER__TOKEN`` (keep it off the command line).
+Problems at start are one line on stderr, no traceback: an invalid config or a size this
+machine cannot hold (``ConfigError``, exit 2, see ``tiers.machine``), an NVMe directory
+another live store holds or a port in use (``OSError``, exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 from typing import Any
 
 from hybrid_connector.client.admin import ping
 from hybrid_connector.client.connection import ServerRefused, ServerUnavailable
-from hybrid_connector.config import load_config
+from hybrid_connector.config import ConfigError, HybridConfig, load_config
 from hybrid_connector.config_server import DEFAULT_PORT
+from hybrid_connector.sizes import parse_size
+
+log = logging.getLogger(__name__)
 
 FLAGS = (  # flag, config path, help
     ("--host", ("server", "host"), "address to bind (default 127.0.0.1)"),
@@ -26,6 +35,8 @@ FLAGS = (  # flag, config path, help
     ("--remote", ("remote_url",), "shared remote tier (lm://, redis://)"),
 )
 INT_FLAGS = {"--port", "--http-port"}
+SCALED = (("host", "max_local_cpu_size"), ("disk", "max_local_disk_size"))  # size flag keys
+KINDS = ("kv", "state", "anchor")
 
 
 def overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -39,6 +50,38 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[path[-1]] = value
     return out
+
+
+def scaled_pools(path: str | None, over: dict[str, Any]) -> dict[str, Any]:
+    """Overrides resizing the YAML's explicit ``pools.host``/``pools.disk`` to the totals the
+    size flags in ``over`` set, proportionally (integer bytes, rounded down); {} when no
+    size flag meets an explicit pool. A value or file that does not load is left for the
+    full load to report."""
+    wanted = {}
+    for tier, key in SCALED:
+        if key in over:
+            try:
+                wanted[tier] = parse_size(over[key], 10**9)  # bare numbers are GB here
+            except ValueError:
+                continue
+    if not wanted:
+        return {}
+    try:
+        base = load_config(path)
+    except ConfigError:
+        return {}
+    pools = {}
+    for tier, size in wanted.items():
+        pool = getattr(base.pools, tier)
+        if pool is not None and pool.total:
+            pools[tier] = {k: getattr(pool, k) * size // pool.total for k in KINDS}
+    return {"pools": pools} if pools else {}
+
+
+def config_of(args: argparse.Namespace) -> HybridConfig:
+    """The config ``server`` runs: the YAML, the env, the flags (size flags scaling pools)."""
+    over = overrides(args)
+    return load_config(args.config, {**over, **scaled_pools(args.config, over)})
 
 
 def add_parser(sub: Any) -> None:
@@ -60,7 +103,13 @@ def add_ping_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from hybrid_connector.server.app import run as serve
 
-    return serve(load_config(args.config, overrides(args)))
+    config = config_of(args)
+    try:
+        return serve(config)
+    except OSError as exc:  # tiers.dirlock.DirectoryLocked included
+        log.debug("server failed", exc_info=True)  # the traceback with -v
+        print(f"hybrid-connector server: {exc}", file=sys.stderr)
+        return 1
 
 
 def run_ping(args: argparse.Namespace) -> int:

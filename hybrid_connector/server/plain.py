@@ -8,13 +8,18 @@ hash of the string under a per-model fingerprint (``lmc-`` + a hash of the key's
 a small header carrying the string and the metadata, so a GET returns exactly what was put
 (the header's key is compared too: a hash collision is a miss) and a restart over the NVMe
 tier serves what it holds. ``LIST`` returns the names put since the server started (the
-names of objects adopted at a restart are read back lazily as they are fetched).
+names of objects adopted at a restart are read back lazily as they are fetched). A name is
+remembered only while its object is held: the store reports every object that leaves all
+tiers (``Backend.report_dropped``, through the default drop listener: plain fingerprints
+have no index attached), and its name is forgotten then, so the names are bounded by what
+the tiers hold.
 """
 
 from __future__ import annotations
 
 import struct
 import threading
+from collections.abc import Sequence
 
 import blake3
 import numpy as np
@@ -91,6 +96,28 @@ class PlainObjects:
         self._names: dict[ObjectKey, str] = {}
         self._lock = threading.Lock()
         self.puts = self.gets = self.hits = 0
+        with store.lock:
+            self._chained = store.hooks[None].on_drop  # keep any listener set before us
+        store.set_drop_listener(self._dropped)
+
+    def _dropped(self, keys: Sequence[ObjectKey]) -> None:
+        """Objects left every tier: forget their names (called with no store lock held)."""
+        with self._lock:
+            for k in keys:
+                self._names.pop(k, None)
+        if self._chained is not None:
+            self._chained(keys)
+
+    def _remember(self, k: ObjectKey, key: str) -> None:
+        """Name ``k`` unless it left the store meanwhile (a drop reported before the name
+        was set would otherwise leave it behind forever)."""
+        with self._lock:
+            if self._names.get(k) == key:
+                return  # named already: a drop from now on forgets it
+            self._names[k] = key
+        if self.store.where([k])[0] is None:
+            with self._lock:
+                self._names.pop(k, None)
 
     def put(self, key: str, meta: Meta, body: bytes | memoryview) -> bool:
         return self._put(key, pack(key, meta, body))
@@ -104,8 +131,10 @@ class PlainObjects:
         ok = self.store.put([(k, stored)])[0]
         with self._lock:
             self.puts += 1
-            if ok:
-                self._names[k] = key
+            if not ok:  # an overwrite that did not land removed the old copy unreported
+                self._names.pop(k, None)
+        if ok:
+            self._remember(k, key)
         return ok
 
     def get(self, key: str) -> tuple[Meta, memoryview] | None:
@@ -117,7 +146,7 @@ class PlainObjects:
             if found is None or found[0] != key:
                 return None
             self.hits += 1
-            self._names[k] = key
+        self._remember(k, key)
         return found[1], found[2]
 
     def exists(self, key: str) -> bool:

@@ -5,15 +5,21 @@ server's worker threads (never on the event loop) and never raises: a malformed 
 is ``BAD_REQUEST`` with the reason, a request the server cannot serve (an unknown lease,
 a payload above ``max_object_bytes``) ``FAIL``/``TOO_LARGE``, a bug ``INTERNAL`` (logged).
 Nothing a client sends can reach another model's objects (plans are checked against the
-connection's fingerprint, loads against the session's own leases).
+connection's fingerprint, loads against the session's own leases), and nothing it sends is
+trusted about an object: a LOAD reads with the sizes and tiers the server recorded when the
+lease was taken (a plan that disagrees is that client's error, ``FAIL``, and the objects are
+untouched). Bounds on what one client can hold: models (``server.models``), leases (their
+lifetime, per-session count and pinned bytes: ``server.sessions``); expired leases are
+released before every command and by a background sweep.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -22,10 +28,10 @@ import torch
 from hybrid_connector.cache import HybridCache
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.keys import ObjectKind
-from hybrid_connector.plan import SaveItem
-from hybrid_connector.server.models import HelloError, Models
+from hybrid_connector.plan import LoadPlan, PlannedObject, SaveItem
+from hybrid_connector.server.models import HelloError, Models, ModelsFull
 from hybrid_connector.server.plain import PlainObjects
-from hybrid_connector.server.sessions import Sessions
+from hybrid_connector.server.sessions import Held, LeaseRefused, Sessions
 from hybrid_connector.server.stats import server_stats
 from hybrid_connector.wire import convert as cv
 from hybrid_connector.wire import messages as m
@@ -87,11 +93,16 @@ class Service:
         self.store = store
         self.models = Models(config, store)
         self.plain = PlainObjects(store)
-        self.sessions = Sessions()
+        self.sessions = Sessions(config.server)
+        self._stop = threading.Event()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="hc-lease-expiry",
+                                         daemon=True)
+        self._sweeper.start()
 
     # ------------------------------------------------------------------ dispatch
     def ext(self, conn: Conn, command: Ext, message: memoryview, payloads: memoryview) -> Reply:
         try:
+            self.expire()
             msg = decode(command, message)
             if command is Ext.HELLO:
                 return self._hello(conn, msg)  # type: ignore[arg-type]
@@ -100,6 +111,8 @@ class Service:
             if conn.cache is None or conn.session is None:
                 return error(Code.BAD_REQUEST, "HELLO first: this connection serves no model")
             return self._model(conn, conn.cache, conn.session, command, msg, payloads)
+        except ModelsFull as exc:
+            return error(Code.UNAVAILABLE, str(exc))
         except (msgspec.DecodeError, msgspec.ValidationError, FrameError, HelloError,
                 ValueError) as exc:
             return error(Code.BAD_REQUEST, f"{type(exc).__name__}: {exc}")
@@ -108,12 +121,14 @@ class Service:
             return error(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def _hello(self, conn: Conn, h: m.Hello) -> Reply:
+        if conn.session is not None and conn.session != h.session:
+            return error(Code.BAD_REQUEST, "a connection belongs to one session")
         cache = self.models.hello(h.geometry, h.layout, h.model_id, h.cache)
         if conn.session is None:
             self.sessions.join(h.session)
             conn.session = h.session
-        elif conn.session != h.session:
-            return error(Code.BAD_REQUEST, "a connection belongs to one session")
+        if conn.cache is not None:  # bound to another model before: one user less there
+            self.models.release(conn.cache)
         conn.cache = cache
         return ok(m.HelloReply(cache.fingerprint, VERSION))
 
@@ -137,14 +152,17 @@ class Service:
             cache.record_lookup(cv.plan_of(msg.plan, fp))
             return ok(m.Empty())
         if command is Ext.ACQUIRE:
-            lease = cache.acquire(cv.plan_of(msg.plan, fp))
-            return ok(m.LeaseReply(None if lease is None else
-                                   self.sessions.add(sid, (cache, lease))))
+            try:
+                return ok(m.LeaseReply(self.sessions.acquire(sid, cache,
+                                                             cv.plan_of(msg.plan, fp))))
+            except LeaseRefused as exc:
+                return error(Code.FAIL, str(exc))
         if command is Ext.RELEASE:
             held = self.sessions.take(sid, msg.lease)
             if held is None:
-                return error(Code.FAIL, f"lease {msg.lease} is not this session's")
-            held[0].release(held[1])
+                return error(Code.FAIL, f"lease {msg.lease} is not this session's "
+                                        "(released, expired or never taken)")
+            held.cache.release(held.lease)
             return ok(m.Empty())
         if command is Ext.LOAD:
             return self._load(cache, sid, msg)
@@ -162,11 +180,18 @@ class Service:
 
     def _load(self, cache: HybridCache, sid: str, msg: m.Load) -> Reply:
         plan = cv.plan_of(msg.plan, cache.fingerprint)
-        held = self.sessions.get(sid, msg.lease)
-        keys = {o.ref.key for o in plan.objects}
-        if held is None or held[0] is not cache or not keys <= set(held[1].keys):
-            return error(Code.FAIL, "LOAD needs a lease of this session covering the plan")
-        r = cache.load(plan)
+        held = self.sessions.checkout(sid, msg.lease)
+        if held is None:
+            return error(Code.FAIL, "LOAD needs a live lease of this session covering the plan")
+        try:
+            if held.cache is not cache:
+                return error(Code.FAIL, "LOAD needs a lease of this session's model")
+            trusted = self._trusted(plan, held)
+            if isinstance(trusted, str):
+                return error(Code.FAIL, trusted)
+            r = cache.load(trusted)
+        finally:
+            self.sessions.checkin(held)
         views = [as_view(t) for t in (*r.kv, *((r.state,) if r.state is not None else ()),
                                       *r.anchors)]
         reply = m.LoadReply(r.num_tokens, r.exact, [len(v) for v in views[:len(r.kv)]],
@@ -175,6 +200,30 @@ class Service:
                             [m.Obj(f.key.to_str(), f.nbytes, "") for f in r.failed],
                             r.kv_tokens)
         return ok(reply, views)
+
+    @staticmethod
+    def _trusted(plan: LoadPlan, held: Held) -> LoadPlan | str:
+        """``plan`` with the objects the server recorded for the lease (sizes, tiers), or
+        why it cannot be read: an object the lease does not cover, or a size that is not
+        the server's (the client's error: its objects stay as they are)."""
+        def own(o: PlannedObject) -> PlannedObject | str:
+            mine = held.objects.get(o.ref.key)
+            if mine is None:
+                return f"the lease does not cover {o.ref.key.to_str()}"
+            if mine.ref.nbytes != o.ref.nbytes:
+                return (f"{o.ref.key.to_str()} is {mine.ref.nbytes} B, the plan says "
+                        f"{o.ref.nbytes} B: send the server's plan back unchanged")
+            return mine
+
+        objs = [own(o) for o in plan.objects]
+        bad = [x for x in objs if isinstance(x, str)]
+        if bad:
+            return bad[0]
+        good: list[PlannedObject] = objs  # type: ignore[assignment]
+        n_kv = len(plan.kv)
+        return replace(plan, kv=tuple(good[:n_kv]),
+                       state=good[n_kv] if plan.state is not None else None,
+                       anchors=tuple(good[n_kv + (plan.state is not None):]))
 
     def _save(self, cache: HybridCache, msg: m.Save, payloads: memoryview) -> Reply:
         limit = self.config.server.max_object_bytes
@@ -201,16 +250,36 @@ class Service:
         return server_stats(self.store, self.models, self.plain, self.sessions)
 
     # ------------------------------------------------------------------ lifecycle
-    def disconnected(self, conn: Conn) -> None:
-        """A connection closed: its session's leases go when it was the last one."""
-        if conn.session is None:
-            return
-        for cache, lease in self.sessions.leave(conn.session):
+    def expire(self) -> None:
+        """Release the leases past their lifetime (``Sessions.expired``)."""
+        for held in self.sessions.expired():
             with contextlib.suppress(ValueError):  # released already through another path
-                cache.release(lease)
+                held.cache.release(held.lease)
+
+    def _sweep_loop(self) -> None:
+        """Expire leases while no command arrives (a few sweeps per lease lifetime)."""
+        every = min(1.0, self.sessions.lifetime / 4)
+        while not self._stop.wait(every):
+            try:
+                self.expire()
+            except Exception:  # a bug: keep sweeping, the log says what
+                log.exception("lease expiry failed")
+
+    def disconnected(self, conn: Conn) -> None:
+        """A connection closed: its session's leases go when it was the last one, then
+        its model loses a user (``Models.release``)."""
+        if conn.session is not None:
+            for held in self.sessions.leave(conn.session):
+                with contextlib.suppress(ValueError):  # released already through another path
+                    held.cache.release(held.lease)
+        if conn.cache is not None:
+            cache, conn.cache = conn.cache, None
+            self.models.release(cache)
 
     def close(self) -> None:
-        """Detach every model (waits for queued I/O), then close the store (the NVMe tier
-        is consistent after it: every acknowledged put has landed)."""
+        """Stop the lease sweep, detach every model (waits for queued I/O), then close the
+        store (the NVMe tier is consistent after it: every acknowledged put has landed)."""
+        self._stop.set()
+        self._sweeper.join()
         self.models.close()
         self.store.close()

@@ -1,4 +1,5 @@
-"""Objects saved while the remote tier backs off (a real ``redis-server``, SIGSTOPped) have
+"""Objects saved while the remote tier backs off (a real ``redis-server`` or
+``lmcache_server``, SIGSTOPped) have
 only their host copy; when the host pool later fills, they must go down to the remote once
 it is back, never be dropped while it has room (hardening item 11).
 
@@ -16,11 +17,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import redis
+import numpy as np
+import psutil
+import pytest
+import torch
 from tier_helpers import make_key, make_payload, same_bits
-from tier_servers import run_redis
+from tier_servers import run_lmcache, run_redis
 
+from hybrid_connector import assemble
+from hybrid_connector.config import load_config
 from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.model import ModelGeometry
+from hybrid_connector.plan import SaveItem
 from tiers.host import HostTier
 from tiers.ledger import Ledger, TierSpec
 from tiers.manager import TierManager
@@ -35,8 +43,10 @@ HEALTHY_S = 60.0  # generous: a busy 2-core machine
 
 @contextmanager
 def stopped(url: str) -> Iterator[None]:
-    """The redis server at ``url`` SIGSTOPped (it accepts, never answers) until exit."""
-    pid = int(redis.Redis.from_url(url).info("server")["process_id"])
+    """The server we started at ``url`` SIGSTOPped (it accepts, never answers) until exit."""
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    pid = next(p.pid for p in psutil.Process().children(recursive=True)
+               if any(c.laddr.port == port for c in p.net_connections("tcp")))
     os.kill(pid, signal.SIGSTOP)
     try:
         yield
@@ -74,8 +84,10 @@ def test_ledger_moves_a_victim_without_a_shared_copy_to_the_shared_tier() -> Non
     assert led.drops_with_room == 0
 
 
-def test_objects_saved_during_backoff_are_demoted_not_dropped(tmp_path: Path) -> None:
-    with run_redis(tmp_path) as url:
+@pytest.mark.parametrize("server", ["redis", "lmcache"])
+def test_objects_saved_during_backoff_are_demoted_not_dropped(tmp_path: Path, server: str) -> None:
+    """Hardening item 11, through a ``TierManager`` over a host tier and a real server."""
+    with (run_redis if server == "redis" else run_lmcache)(tmp_path) as url:
         remote = RemoteTier(url, REMOTE, timeout=0.5, min_backoff=1.0, max_backoff=1.0)
         m = TierManager([HostTier(HOST), remote])
         dropped: list[ObjectKey] = []
@@ -104,3 +116,65 @@ def test_objects_saved_during_backoff_are_demoted_not_dropped(tmp_path: Path) ->
                 m.ledger.check()
         finally:
             m.close()
+
+
+# A tiny hybrid: KV 32 B/token, a 96 B checkpoint.
+GEO = ModelGeometry.from_dict({
+    "name": "tiny", "architecture": "qwen3_5_text", "hidden_size": 8, "vocab_size": 64,
+    "layers": ["gdn+mlp", "attention+mlp"],
+    "attention": {"num_heads": 2, "num_kv_heads": 2, "head_dim": 4},
+    "gdn": {"num_k_heads": 1, "num_v_heads": 1, "head_k_dim": 2, "head_v_dim": 4,
+            "conv_kernel": 5},
+    "mlp": {"intermediate_size": 16},
+})
+CHUNK = 8
+
+
+def request(seed: int) -> tuple[np.ndarray, list[SaveItem]]:
+    """16 tokens, their two KV chunks and two checkpoints, with payloads unique to them."""
+    toks = np.random.default_rng(seed).integers(0, 64, 16)
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for kind, start, end in ((ObjectKind.KV, 0, 8), (ObjectKind.KV, 8, 16),
+                             (ObjectKind.STATE, 8, 8), (ObjectKind.STATE, 16, 16)):
+        n = (end - start) * GEO.kv_bytes_per_token() if kind is ObjectKind.KV else GEO.state_bytes()
+        out.append(SaveItem(kind, start, end, torch.randint(0, 256, (n,), generator=gen,
+                                                            dtype=torch.uint8)))
+    return toks, out
+
+
+def test_cache_keeps_what_it_saved_during_backoff(tmp_path: Path) -> None:
+    """Hardening item 11 through ``HybridCache``: a request saved while the remote backed
+    off is still a full hit, loaded bit-identical, after the host pool filled up."""
+    cfg = load_config(overrides={"chunk_size": CHUNK, "hash_block_size": 4, "alignment": 8},
+                      environ={})
+    kv, st = 16 * GEO.kv_bytes_per_token(), 2 * GEO.state_bytes()  # one request each
+    with run_redis(tmp_path) as url:
+        remote = RemoteTier(url, REMOTE | {ObjectKind.STATE: 1 << 30}, timeout=0.5,
+                            min_backoff=1.0, max_backoff=1.0)
+        store = TierManager([HostTier({ObjectKind.KV: 2 * kv, ObjectKind.STATE: 2 * st}),
+                             remote])
+        cache = assemble.cache(cfg, GEO, store)
+        try:
+            assert cache.save(*request(0)).stored == 4
+            with stopped(url):
+                assert not remote.healthy()
+                toks, saved = request(1)
+                assert cache.save(toks, saved).stored == 4  # acknowledged: host copies only
+            wait_healthy(remote)
+            for seed in (2, 3, 4):  # fill the host: request 1 must go down to the remote
+                assert cache.save(*request(seed)).stored == 4
+            cache.flush()
+            cache.check_integrity()
+            plan = cache.lookup(np.append(toks, 0))
+            assert plan.num_tokens == 16 and {o.tier for o in plan.objects} == {"remote"}
+            lease = cache.acquire(plan)
+            try:
+                got = cache.load(plan)
+            finally:
+                cache.release(lease)
+            assert not got.failed and got.state is not None
+            assert [bytes(t.numpy()) for t in got.kv] == [bytes(i.payload.numpy()) for i in saved[:2]]
+            assert bytes(got.state.numpy()) == bytes(saved[3].payload.numpy())
+        finally:
+            cache.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hybrid_connector.sizes import Bytes
 
@@ -30,7 +30,14 @@ class ServerSettings(_Section):
     whose header arrived must complete within ``frame_timeout_s`` plus its size at
     ``min_rate`` bytes/s (a trickling client is cut off); a connection idle for
     ``idle_timeout_s`` is closed. ``max_inflight_bytes`` bounds the bytes of all frames
-    being received or answered at once (a frame waits its turn rather than exhaust RAM)."""
+    being received and of their replies from before they are made until drained (a frame
+    or reply waits its turn rather than exhaust RAM). Before AUTH (token set) a connection
+    may send only frames up to ``max_auth_frame_bytes`` and must succeed within
+    ``auth_timeout_s``; at most ``max_unauthenticated`` wait at once. ``max_connections``
+    (kept below the open-files limit) and ``max_connections_per_peer`` cap connections.
+    ``admin_token``: when set, FLUSH needs it. HTTP listens on ``http_host`` (default
+    ``host``); ``http_auth`` makes /stats and /metrics need a bearer token. The README's
+    "Connection limits" table gives each key's default and meaning."""
 
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # 0: any free port (printed at start)
@@ -53,6 +60,27 @@ class ServerSettings(_Section):
     lease_timeout_s: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     max_leases_per_session: int = Field(1024, gt=0)
     max_pinned_fraction: float = Field(0.5, gt=0.0, le=1.0)
+    # Before AUTH (token set): only a frame this small is read, within auth_timeout_s of
+    # connecting, by at most max_unauthenticated connections (a new one closes the oldest).
+    max_auth_frame_bytes: Bytes = Field(64 << 10, ge=1 << 10, le=16 << 20)
+    auth_timeout_s: float = Field(10.0, gt=0.0, allow_inf_nan=False)
+    max_unauthenticated: int = Field(64, gt=0, le=65536)
+    # Connections open at once (also kept below the open-files limit) and per peer address.
+    max_connections: int = Field(1024, gt=0)
+    max_connections_per_peer: int = Field(512, gt=0)
+    admin_token: str | None = Field(None, min_length=8)  # set: FLUSH needs it (as AUTH token)
+    http_host: str | None = None  # None: ``host``
+    http_auth: bool = False  # /stats and /metrics need ``Authorization: Bearer <token>``
+
+    @model_validator(mode="after")
+    def _auth_fits(self) -> ServerSettings:
+        for name in ("token", "admin_token"):
+            secret = getattr(self, name)
+            if secret is not None and len(secret.encode()) + 64 > self.max_auth_frame_bytes:
+                raise ValueError(f"server.{name} does not fit in max_auth_frame_bytes")
+        if self.http_auth and self.token is None and self.admin_token is None:
+            raise ValueError("server.http_auth needs server.token or server.admin_token")
+        return self
 
     @property
     def lease_lifetime_s(self) -> float:

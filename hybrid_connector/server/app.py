@@ -35,6 +35,19 @@ from tiers.manager import TierManager
 log = logging.getLogger(__name__)
 
 
+class _Service(Service):
+    """``Service`` whose ``stats`` also reports the connection layer (``server.net``:
+    ``Handler.stats``)."""
+
+    net: Callable[[], dict[str, int]] | None = None
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        if self.net is not None:
+            out["server"]["net"] = self.net()
+        return out
+
+
 class Server:
     """One server over the config's tiers (or ``store``)."""
 
@@ -46,9 +59,10 @@ class Server:
             prefault = getattr(tier, "prefault", None)
             if callable(prefault):
                 prefault()
-        self.service = Service(config, self.store)
+        self.service = _Service(config, self.store)
         self.metrics = Metrics(self.service.stats)
         self.handler = Handler(self.service, self.settings, self.metrics.observe)
+        self.service.net = self.handler.stats
         self.port: int | None = None
         self.http_port: int | None = None
         self._tcp: asyncio.Server | None = None
@@ -59,6 +73,10 @@ class Server:
     def url(self) -> str:
         return f"hc://{self.settings.host}:{self.port}"
 
+    @property
+    def http_host(self) -> str:
+        return self.settings.http_host or self.settings.host
+
     async def start(self) -> None:
         s = self.settings
         loop = asyncio.get_running_loop()
@@ -66,10 +84,12 @@ class Server:
                                              s.host, s.port)
         self.port = self._tcp.sockets[0].getsockname()[1]
         if s.http_port is not None:
+            tokens = [t for t in (s.token, s.admin_token) if t is not None]
             self._http = web.AppRunner(app(self.service.stats, self.metrics.registry,
-                                           self.handler.offload), access_log=None)
+                                           self.handler.offload,
+                                           tokens if s.http_auth else None), access_log=None)
             await self._http.setup()
-            site = web.TCPSite(self._http, s.host, s.http_port)
+            site = web.TCPSite(self._http, self.http_host, s.http_port)
             await site.start()
             server: Any = site._server
             self.http_port = server.sockets[0].getsockname()[1]
@@ -116,7 +136,7 @@ class Server:
 
 def announce(server: Server) -> None:
     """The line tests and scripts wait for (stdout, flushed)."""
-    http = f", http on http://{server.settings.host}:{server.http_port}" if server.http_port else ""
+    http = f", http on http://{server.http_host}:{server.http_port}" if server.http_port else ""
     print(f"hybrid-connector server listening on {server.url} (lm:// compatible){http}",
           flush=True)
     sys.stdout.flush()

@@ -5,7 +5,8 @@ copies it out again): for 50 MB states that is most of the server's CPU per byte
 a ``BufferedProtocol``: while a frame part is awaited (``readinto``), the transport reads
 the socket directly into the caller's buffer; bytes that arrive when nothing is awaited
 (a client sending its next frame early) are kept in a small spill buffer, and reading
-pauses while that holds more than ``SPILL_LIMIT``. Writes go through an ordinary
+pauses while that holds more than ``spill_limit`` (``SPILL_LIMIT``; the handler lowers it
+for a connection that has not authenticated yet). Writes go through an ordinary
 ``StreamWriter`` (``drain`` waits while the transport's buffer is above its high mark:
 the client does not read).
 
@@ -43,6 +44,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._lost = False
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        self.spill_limit = SPILL_LIMIT
 
     # ------------------------------------------------------------------ transport side
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -63,7 +65,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._wake()
             return
         self._spill += self._scratch[:nbytes]
-        if len(self._spill) > SPILL_LIMIT and not self._paused and self.transport is not None:
+        if len(self._spill) > self.spill_limit and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
 
@@ -109,7 +111,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._waiter.set_result(None)
 
     def _resume(self) -> None:
-        if self._paused and self.transport is not None and len(self._spill) <= SPILL_LIMIT:
+        if self._paused and self.transport is not None and len(self._spill) <= self.spill_limit:
             self._paused = False
             self.transport.resume_reading()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -75,7 +76,8 @@ _LISTEN = re.compile(r"listening on (hc://\S+) .*?(?:http on (http://\S+))?$")
 class ServerProcess:
     """``hybrid-connector server --config PATH`` in a subprocess; ``url``/``http`` once up."""
 
-    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+    def __init__(self, config: dict[str, Any], workdir: Path, nofile: int | None = None) -> None:
+        self.nofile = nofile  # the server's open-files limit (``ulimit -n``); None: inherited
         self.path = workdir / "server.yaml"
         self.path.write_text(yaml.safe_dump(config))
         self.log = workdir / "server.log"
@@ -87,7 +89,8 @@ class ServerProcess:
         env.pop("HYBRID_CONNECTOR_CONFIG", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "hybrid_connector.cli", "server", "--config", str(self.path)],
-            stdout=subprocess.PIPE, stderr=self.log.open("a"), text=True, env=env, cwd=ROOT)
+            stdout=subprocess.PIPE, stderr=self.log.open("a"), text=True, env=env, cwd=ROOT,
+            preexec_fn=None if self.nofile is None else self._limit_files)
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = ""
@@ -100,6 +103,10 @@ class ServerProcess:
                 break
         self.kill()
         raise RuntimeError(f"server did not start: {line!r}\n{self.log.read_text()[-3000:]}")
+
+    def _limit_files(self) -> None:
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def terminate(self, timeout: float = 60) -> int:
         assert self.proc is not None

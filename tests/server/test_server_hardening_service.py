@@ -15,8 +15,10 @@ from fault_support import GEO, healthy, loads_intact, payload, save_conversation
 from raw_client import Raw, lm_key
 from server_support import client_config, served, server_config
 
+from hybrid_connector import assemble
 from hybrid_connector.client.server_cache import ServerCache
-from hybrid_connector.config import HybridConfig
+from hybrid_connector.config import HybridConfig, load_config
+from hybrid_connector.server.sessions import Sessions
 from hybrid_connector.wire import convert as cv
 from hybrid_connector.wire import messages as m
 from hybrid_connector.wire.frames import Code, Ext, request
@@ -249,3 +251,35 @@ def test_one_session_cannot_pin_a_whole_budget(tmp_path: Path) -> None:
             assert loads_intact(writer, prompt_of(10), tag=0) == (592, True)  # pinned: kept
         writer.close()
         assert wait_for(lambda: leases(server) == 0 and pins(server) == 0)
+
+
+def test_a_lease_a_load_reads_through_outlives_its_lifetime_until_the_read_ends(
+        tmp_path: Path) -> None:
+    """``Sessions`` on an injected clock, over a real embedded cache: an expired lease that
+    a LOAD has checked out is kept until it is checked in, then expires."""
+    cfg = load_config(overrides={"chunk_size": 256, "max_local_cpu_size": "256MiB",
+                                 "server": {"lease_timeout_s": 5.0}}, environ={})
+    cache = assemble.cache(cfg, GEO)
+    try:
+        save_conversation(cache, prompt_of(5))  # type: ignore[arg-type]
+        now = [100.0]
+        sessions = Sessions(cfg.server, clock=lambda: now[0])
+        sessions.join("s")
+        plan = cache.lookup(prompt_of(5))
+        lid = sessions.acquire("s", cache, plan)
+        assert lid is not None and sessions.counts()["leases"] == 1
+        now[0] += 4.9
+        assert sessions.expired() == []
+        held = sessions.checkout("s", lid)  # a LOAD starts reading
+        assert held is not None
+        now[0] += 0.2
+        assert sessions.expired() == []  # past its lifetime, but being read
+        sessions.checkin(held)
+        now[0] += 1.0  # BUSY_RETRY_S
+        (gone,) = sessions.expired()
+        assert gone is held and sessions.counts() == {
+            "sessions": 1, "connections": 1, "leases": 0, "pinned_bytes": 0}
+        cache.release(gone.lease)
+        assert sessions.checkout("s", lid) is None
+    finally:
+        cache.close()

@@ -212,8 +212,9 @@ def test_replies_nobody_reads_stay_under_the_inflight_budget(tmp_path: Path) -> 
     """Recipe: one 16 MiB plain object; 10 connections GET it and never read (a 4 KiB
     receive buffer), with ``max_inflight_bytes`` 32 MiB. Before, every GET was read out
     of the store and parked in its connection's send buffer (10 x 16 MiB held for the
-    drain deadline). Now a GET waits for room for its reply before the object is read:
-    two replies are made, the others wait, and the bytes counted stay within the budget."""
+    drain deadline). Now a GET waits for room for its reply (the largest object and its
+    header) before the object is read: one or two replies are made, the others wait, and
+    the bytes counted stay within the budget."""
     size = 16 << 20
     cfg = config(tmp_path, max_inflight_bytes="32MiB", max_object_bytes="16MiB",
                  max_frame_bytes="64MiB", frame_timeout_s=30.0)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -46,6 +47,7 @@ from hf_bench_util import (  # noqa: E402
     copy_bandwidth,
     drop_page_cache,
     failures,
+    fs_type,
     prefill_ttft,
     rel_err,
     report,
@@ -81,6 +83,7 @@ class Bench:
         }
         self.gen = torch.Generator().manual_seed(0)
         self.tmp = Path(tempfile.mkdtemp(prefix="hc_nvme_", dir=args.nvme_dir))
+        self.out["nvme_dir"], self.out["nvme_fs"] = str(self.tmp), fs_type(self.tmp)
 
     # ---------------------------------------------------------------- helpers
     def tokens(self, n: int) -> list[int]:
@@ -278,6 +281,12 @@ class Bench:
 
     # ---------------------------------------------------------------- main
     def run(self) -> dict[str, Any]:
+        try:
+            return self._run_all()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _run_all(self) -> dict[str, Any]:
         a = self.args
         for preset in a.check_presets:  # the real geometry's config, without its weights
             try:
@@ -335,7 +344,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                     help="tiny model, tiny prompts, CPU; the real presets checked on meta")
     args = ap.parse_args(argv)
     if args.cpu_dry_run:
-        args.device, args.preset, args.lengths, args.suffix = "cpu", "tiny", [96, 160], 32
+        args.device, args.preset, args.lengths, args.suffix = "cpu", "tiny", [96], 32
         args.chunk_size, args.anchor_page, args.hit_reps, args.full_reps = 16, 16, 2, 1
         args.check_presets = args.check_presets or ["qwen3.5-0.8b", "qwen3.5-4b"]
     for length in args.lengths:  # the hit at P needs a KV chunk and an anchor page ending at P

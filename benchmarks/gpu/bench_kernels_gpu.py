@@ -6,7 +6,7 @@ moves data as fast as the copy engine of the framework. Also printed: the torch
 fallback on the same CUDA tensors, to show what the kernels buy. Target: >= 0.7.
 
     python3 benchmarks/gpu/bench_kernels_gpu.py [--quick]
-    python benchmarks/gpu/bench_kernels_gpu.py --cpu-dry-run   (= --device cpu --shrink 64 --quick)
+    python benchmarks/gpu/bench_kernels_gpu.py --cpu-dry-run   (= --device cpu --shrink 256 --quick)
         (a smoke run of the same code without a GPU; the figures mean nothing)
 
 ``--json PATH`` also writes the figures as JSON (run_all.sh's summary reads it).
@@ -108,7 +108,8 @@ def bench_kv(bench: Bench, g: torch.Generator, layout: str) -> None:
 
 def bench_states(bench: Bench, g: torch.Generator) -> None:
     """24 GDN layers: conv [3, 8192] bf16 + ssm [32, 128, 128] fp32 per slot, 16 pages."""
-    slots, layers, n_pages = 48, 24 // min(SHRINK, 8), 16
+    cut = min(SHRINK, 8)
+    slots, layers, n_pages = 48 // cut, 24 // cut, 16 // cut
     conv = [torch.randn(slots, 3, 8192, device=DEV, generator=g, dtype=torch.bfloat16) for _ in range(layers)]
     ssm = [torch.randn(slots, 32, 128, 128, device=DEV, generator=g) for _ in range(layers)]
     states = conv + ssm
@@ -123,14 +124,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--shrink", type=int, default=1, help="divide sizes (smoke runs)")
-    ap.add_argument("--cpu-dry-run", action="store_true", help="--device cpu --shrink 64 --quick")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="--device cpu --shrink 256 --quick")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
     if args.cpu_dry_run:
-        args.device, args.shrink, args.quick = "cpu", 64, True
+        args.device, args.shrink, args.quick = "cpu", 256, True
     global DEV, SHRINK
     DEV, SHRINK = torch.device(args.device), max(1, args.shrink)
-    iters = 10 if args.quick else 30
+    iters = 2 if args.cpu_dry_run else 10 if args.quick else 30
+    if DEV.type == "cpu":
+        torch.set_num_threads(1)  # tiny CPU tensors: threads only contend
     g = torch.Generator(device=DEV).manual_seed(0)
     copy_bw = copy_bandwidth(iters)
     backend = kernels.backend_name(torch.empty(0, device=DEV))

@@ -122,7 +122,7 @@ def wall(fn) -> float:  # type: ignore[no-untyped-def]
 
 
 def h2d_bandwidth() -> float:
-    host = _pin(torch.empty(1 << 28, dtype=torch.uint8))
+    host = _pin(torch.empty(1 << (28 if DEV.type == "cuda" else 20), dtype=torch.uint8))
     dev = torch.empty_like(host, device=DEV)
     return host.numel() / min(wall(lambda: dev.copy_(host, non_blocking=True)) for _ in range(5))
 
@@ -174,7 +174,9 @@ def main() -> None:
         args.device, args.prefix, args.hidden, args.suffix, args.quick = "cpu", 256, 64, [64], True
     global DEV
     DEV = torch.device(args.device)
-    reps = 3 if args.quick else 7
+    reps = 1 if args.cpu_dry_run else 3 if args.quick else 7
+    if DEV.type == "cpu":
+        torch.set_num_threads(1)  # tiny CPU tensors: threads only contend
     backend = kernels.backend_name(torch.empty(0, device=DEV))
     name = torch.cuda.get_device_name() if DEV.type == "cuda" else "cpu"
     print(f"device {name} | kernel backend {backend}")

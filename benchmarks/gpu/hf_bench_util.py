@@ -68,6 +68,20 @@ def copy_bandwidth(dev: torch.device, nbytes: int) -> float:
     return 2 * nbytes / t
 
 
+def fs_type(path: Path) -> str:
+    """The file system holding ``path`` (from /proc/mounts; "?" where unknown): says whether
+    the "NVMe" tier really sat on a disk (ext4, xfs) or in memory (tmpfs, overlay on tmpfs)."""
+    best, kind = "", "?"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            _dev, mnt, fs = line.split()[:3]
+            if str(path.resolve()).startswith(mnt) and len(mnt) > len(best):
+                best, kind = mnt, fs
+    except OSError:
+        pass
+    return kind
+
+
 def drop_page_cache(root: Path) -> bool:
     """Flush and drop the NVMe tier's files from the page cache, so reads hit the device."""
     ok = True

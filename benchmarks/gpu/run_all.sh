@@ -1,97 +1,165 @@
 #!/usr/bin/env bash
-# One-shot GPU check for the kernels and the copy engine (issue 6). Run from anywhere
-# on a CUDA machine:  bash benchmarks/gpu/run_all.sh [--quick]
+# The GPU proof in one run (issues 6 and 28), from the repository root:
+#   bash benchmarks/gpu/run_all.sh                on the GPU machine: under 9 minutes on one H200
+#   bash benchmarks/gpu/run_all.sh --cpu-dry-run  every step's code path on CPU at tiny sizes (CI:
+#                                                 tests/bench/test_gpu_dry_run.py runs it)
+# --quick: fewer repetitions in the kernel and overlap benchmarks. Environment: OUT or HC_GPU_OUT
+# (logs, per-step JSON and summary.json; default /tmp/hc_gpu), PYTHON, HC_GPU_BUDGET_S (the
+# whole run's wall-clock budget: 540 s, dry run 300 s), HC_WHEELS (carried wheels, default
+# ./.whl, see wheels.sh), HC_KERNEL_BACKEND (set: the launcher probe is skipped),
+# HC_GPU_STEP_MAX_S (caps every step's timeout), HC_NVME_DIR (the NVMe tier's files; default
+# ./.hc_nvme, removed afterwards; never under $OUT, whose files are copied back).
 #
-#   1. picks a Python with a CUDA build of torch ($PYTHON, else python3, else .venv)
-#   2. picks the kernel launcher: CuPy if it compiles and runs the kernels (a probe
-#      compares them with torch); else nvcc + libcuda (HC_KERNEL_BACKEND=cubin,
-#      cubins cached in $HC_KERNEL_CACHE); the GPU box has no internet, so nothing is
-#      pip-installed here (HC_KERNEL_BACKEND set by the caller skips the probe)
-#   3. compiles every kernels/*.cu for sm_90 (scripts/check_cuda.sh) when nvcc exists
-#   4. runs tests/kernels (CPU tests + CUDA-vs-torch bit-identity + stream ordering)
-#   5. benchmarks/gpu/bench_kernels_gpu.py: kernel bandwidth / device copy_ bandwidth
-#   6. benchmarks/gpu/bench_overlap.py: share of a layer-wise fetch hidden under compute
-#   7. benchmarks/gpu/vllm_serve_check.py (when vllm imports): `vllm serve` of a tiny hybrid
-#      model with and without HybridConnector: same outputs, connector loads, TTFT ratio
-#
-# Every step has its own timeout (sum < 8 min on one H200, 15 with the vllm_serve step); a failing step does not
-# stop the later ones; the exit status is non-zero if any step failed. Logs go to
-# $HC_GPU_OUT (default: $OUT if set, else /tmp/hc_gpu) as well as stdout.
+# Steps, in order of importance (each under `timeout`, capped by what is left of the budget;
+# a step that fails or times out does not stop the later ones; one left under 20 s of budget
+# is skipped; summary.json is rewritten after every step, so a cut run still leaves one):
+#   python      GPU: the first of $PYTHON, python3, .venv with a CUDA torch; dry run: any torch
+#   wheels      unpack the carried wheels into $TMPDIR/hc_gpu_site, first on PYTHONPATH (gpu_env.py)
+#   imports     everything the steps import (gpu_env.py check [--gpu])
+#   probe       GPU: the kernel launcher, CuPy else nvcc + libcuda (probe_backend.py)
+#   hf_ttft     bench_hf_ttft.py: transformers runtime, Qwen3.5-0.8B's geometry, bf16, 8K and
+#               32K prompts: full prefill vs hits from device / pinned host / NVMe (sync and
+#               layer-wise through the copy engine + kernels), replay hit, checks vs full prefill
+#   tests       pytest tests/kernels (CUDA bit-identity, stream ordering); dry run: the same
+#               command collecting one file (the main suite runs them all on CPU)
+#   bench_kernels  kernel bandwidth vs a device copy_ (bench_kernels_gpu.py --quick)
+#   bench_overlap  share of a layer-wise fetch hidden under compute (bench_overlap.py --quick)
+#   hf_ttft_4b  GPU, when >= 150 s are left: Qwen3.5-4B's geometry at 32K (dry run: its config
+#               and geometry are checked on the meta device inside hf_ttft)
+#   check_cuda  GPU with nvcc: kernels/*.cu compile for sm_90
+#   vllm_serve  when vllm imports (not on the H200 machine: no vLLM there)
+# Exit status: 0 when every step that ran passed, 1 otherwise, 2 without a usable Python.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
+dry=0
 quick=""
-[ "${1:-}" = "--quick" ] && quick="--quick"
+for arg in "$@"; do
+  case "$arg" in
+    --cpu-dry-run) dry=1 ;;
+    --quick) quick="--quick" ;;
+    *) echo "run_all: unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+mode=gpu
+[ "$dry" -eq 1 ] && mode=cpu-dry-run
 logdir="${HC_GPU_OUT:-${OUT:-/tmp/hc_gpu}}"
 mkdir -p "$logdir"
+: > "$logdir/steps.tsv"
+budget="${HC_GPU_BUDGET_S:-$([ "$dry" -eq 1 ] && echo 300 || echo 540)}"
 export HC_KERNEL_CACHE="${HC_KERNEL_CACHE:-${TMPDIR:-/tmp}/hc_kernel_cache}"
+export PYTHONUNBUFFERED=1
 failed=()
 
-has_cuda_torch() { "$1" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1; }
+# ---------------------------------------------------------------- python
+# One interpreter start per candidate: it must import torch (GPU: with a visible CUDA device)
+# and prints the environment line.
+describe() {
+  "$1" -c 'import sys, torch
+c = torch.cuda.is_available()
+if not c and sys.argv[1] == "0":
+    sys.exit(1)
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "|", torch.cuda.get_device_name() if c else "no GPU")' "$dry" 2>/dev/null
+}
 py=""
-for cand in "${PYTHON:-}" python3 "$root/.venv/bin/python"; do
-  if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 && has_cuda_torch "$cand"; then py="$cand"; break; fi
+cands=("${PYTHON:-}" python3 "$root/.venv/bin/python")
+[ "$dry" -eq 1 ] && cands=("${PYTHON:-}" "$root/.venv/bin/python" python3)
+for cand in "${cands[@]}"; do
+  if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 && env_line="$(describe "$cand")"; then py="$cand"; break; fi
 done
 if [ -z "$py" ]; then
-  echo "run_all: no Python with a CUDA-enabled torch and a visible GPU; nothing to run" >&2
+  echo "run_all: no Python with torch$([ "$dry" -eq 0 ] && echo ' (CUDA build, visible GPU)'); nothing to run" >&2
   nvidia-smi -L 2>&1 || true
   exit 2
 fi
-echo "== environment"
-nvidia-smi -L 2>&1 || true
-"$py" -c 'import torch, sys; print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "|", torch.cuda.get_device_name())'
+echo "== environment ($mode, budget ${budget}s, output $logdir)"
+[ "$dry" -eq 0 ] && { nvidia-smi -L 2>&1 || true; }
+echo "$env_line"
 
-# The GPU box cannot reach a registry: if the project's own pure-python deps are
-# missing there (tiers/__init__.py may import the core), install carried wheels from
-# ./.whl (fetched elsewhere with `pip download`) before giving up.
-if ! "$py" -c 'import kernels, tiers.copy_engine' >/dev/null 2>&1; then
-  if [ -d "$root/.whl" ]; then
-    "$py" -m pip install -q --no-index --find-links "$root/.whl" blake3 pydantic pyyaml zstandard aiofiles 2>&1 | tail -n 3 || true
-  fi
-  "$py" -c 'import kernels, tiers.copy_engine' || { echo "run_all: cannot import kernels / tiers.copy_engine" >&2; failed+=("imports"); }
-fi
-
-if [ -z "${HC_KERNEL_BACKEND:-}" ]; then
-  # prefer CuPy, then nvcc + libcuda; each must pass a tiny compile-and-compare probe
-  for cand in cupy cubin; do
-    if HC_KERNEL_BACKEND=$cand timeout 45 "$py" benchmarks/gpu/probe_backend.py; then
-      export HC_KERNEL_BACKEND=$cand
-      break
-    fi
-  done
-  if [ -z "${HC_KERNEL_BACKEND:-}" ]; then
-    echo "run_all: neither cupy nor nvcc could run the kernels" >&2
-    export HC_KERNEL_BACKEND=torch
-    failed+=("launcher")
-  fi
-fi
-echo "kernel backend: $HC_KERNEL_BACKEND"
-
-step() {  # step NAME SECONDS CMD...
+summarize() { "$py" benchmarks/gpu/summary.py "$logdir" "$mode" "$budget" "$@" || echo "run_all: summary failed" >&2; }
+left() { echo $((budget - SECONDS)); }
+step() {  # step NAME MAX_SECONDS CMD...: run under min(MAX, budget left - 10)
   local name="$1" secs="$2"
   shift 2
+  local room=$(( $(left) - 10 ))
+  if [ "$room" -lt 20 ]; then
+    echo "== $name: skipped ($(left)s of the budget left)"
+    printf '%s\t%s\t%s\t%s\n' "$name" -1 0 0 >> "$logdir/steps.tsv"
+    summarize
+    return
+  fi
+  [ "$secs" -gt "$room" ] && secs=$room
+  [ "${HC_GPU_STEP_MAX_S:-0}" -gt 0 ] && [ "$secs" -gt "$HC_GPU_STEP_MAX_S" ] && secs=$HC_GPU_STEP_MAX_S
   echo "== $name (timeout ${secs}s)"
   local t0=$SECONDS
   timeout --kill-after=10 "$secs" "$@" 2>&1 | tee "$logdir/$name.log"
   local rc=${PIPESTATUS[0]}
   echo "-- $name: rc=$rc in $((SECONDS - t0))s"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$secs" >> "$logdir/steps.tsv"
   [ "$rc" -eq 0 ] || failed+=("$name")
+  summarize
 }
 
-if command -v nvcc >/dev/null 2>&1; then
-  step check_cuda 60 bash scripts/check_cuda.sh
+# ---------------------------------------------------------------- wheels, imports
+wheels="${HC_WHEELS:-$root/.whl}"
+site="${TMPDIR:-/tmp}/hc_gpu_site"  # not under $OUT: what is there is copied back
+if compgen -G "$wheels/*.whl" >/dev/null; then
+  step wheels 60 "$py" benchmarks/gpu/gpu_env.py install "$wheels" "$site"
 fi
-step tests 150 "$py" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --timeout=120
-step bench_kernels 100 "$py" benchmarks/gpu/bench_kernels_gpu.py $quick
-step bench_overlap 80 "$py" benchmarks/gpu/bench_overlap.py $quick
-if "$py" -c 'import vllm' >/dev/null 2>&1; then
-  step vllm_serve 420 "$py" benchmarks/gpu/vllm_serve_check.py --timeout 240
+export PYTHONPATH="$site:$root${PYTHONPATH:+:$PYTHONPATH}"
+step imports 90 "$py" benchmarks/gpu/gpu_env.py check $([ "$dry" -eq 0 ] && echo --gpu)
+
+# ---------------------------------------------------------------- kernel launcher
+if [ "$dry" -eq 0 ] && [ -z "${HC_KERNEL_BACKEND:-}" ]; then
+  for cand in cupy cubin; do
+    if HC_KERNEL_BACKEND=$cand step "probe_$cand" 45 "$py" benchmarks/gpu/probe_backend.py; then :; fi
+    if tail -n 1 "$logdir/steps.tsv" | grep -q $'\t0\t'; then export HC_KERNEL_BACKEND=$cand; break; fi
+  done
+  if [ -z "${HC_KERNEL_BACKEND:-}" ]; then
+    echo "run_all: neither cupy nor nvcc could run the kernels" >&2
+    export HC_KERNEL_BACKEND=torch
+    failed+=("launcher")
+  else
+    failed=("${failed[@]/probe_cupy/}")  # cupy failing is fine when the cubin path works
+  fi
+fi
+echo "kernel backend: ${HC_KERNEL_BACKEND:-auto}"
+
+# ---------------------------------------------------------------- the steps
+if [ "$dry" -eq 1 ]; then
+  step hf_ttft 240 "$py" benchmarks/gpu/bench_hf_ttft.py --cpu-dry-run --out "$logdir/hf_ttft.json"
+  step tests 120 "$py" -m pytest tests/kernels/test_kernels_copy_engine.py -q -p no:cacheprovider \
+    -o addopts="" --timeout=120 --collect-only
+  step bench_kernels 90 "$py" benchmarks/gpu/bench_kernels_gpu.py --cpu-dry-run --json "$logdir/bench_kernels.json"
+  step bench_overlap 60 "$py" benchmarks/gpu/bench_overlap.py --cpu-dry-run --json "$logdir/bench_overlap.json"
 else
-  echo "== vllm_serve: skipped (vllm does not import in $py)"
+  nvme="${HC_NVME_DIR:-$root/.hc_nvme}"  # the NVMe tier's files: on the machine's disk, not in $OUT
+  mkdir -p "$nvme"
+  step hf_ttft 270 "$py" benchmarks/gpu/bench_hf_ttft.py --budget-s 200 --nvme-dir "$nvme" \
+    --out "$logdir/hf_ttft.json"
+  step tests 120 "$py" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --timeout=100
+  step bench_kernels 60 "$py" benchmarks/gpu/bench_kernels_gpu.py $quick --json "$logdir/bench_kernels.json"
+  step bench_overlap 50 "$py" benchmarks/gpu/bench_overlap.py $quick --json "$logdir/bench_overlap.json"
+  if [ "$(left)" -ge 150 ]; then
+    room=$(( $(left) - 20 )); [ "$room" -gt 180 ] && room=180
+    step hf_ttft_4b "$room" "$py" benchmarks/gpu/bench_hf_ttft.py --preset qwen3.5-4b --lengths 32768 \
+      --hit-reps 2 --full-reps 1 --budget-s $((room - 70)) --nvme-dir "$nvme" --out "$logdir/hf_ttft_4b.json"
+  else
+    echo "== hf_ttft_4b: skipped ($(left)s of the budget left, needs 150)"
+  fi
+  rm -rf "$nvme"
+  if command -v nvcc >/dev/null 2>&1; then step check_cuda 60 bash scripts/check_cuda.sh; fi
+  if "$py" -c 'import vllm' >/dev/null 2>&1; then
+    step vllm_serve 420 "$py" benchmarks/gpu/vllm_serve_check.py --timeout 240
+  fi
 fi
 
-if [ "${#failed[@]}" -gt 0 ]; then
-  echo "run_all: FAILED: ${failed[*]}"
+summarize --final
+echo "summary: $logdir/summary.json"
+real=()
+for f in "${failed[@]}"; do [ -n "$f" ] && real+=("$f"); done
+if [ "${#real[@]}" -gt 0 ]; then
+  echo "run_all: FAILED: ${real[*]}"
   exit 1
 fi
-echo "run_all: all steps passed"
+echo "run_all: all steps passed ($SECONDS s)"

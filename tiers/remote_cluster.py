@@ -56,7 +56,7 @@ from tiers.remote_clients import (
     ShardUnavailable,
     _DeadlineConnection,
 )
-from tiers.remote_shards import Shards, op, patch_slot
+from tiers.remote_shards import Shards, answering_first, cluster_via, op, patch_slot
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,17 +109,12 @@ class RedisClusterClient(RemoteClient):
         try:
             if self._rc is None:
                 from redis.backoff import NoBackoff
-                from redis.cluster import ClusterNode, RedisCluster
                 from redis.retry import Retry
 
-                # A URL (of the first node) makes redis-py build each node's pool with
-                # our connection class. Only a node that answered is a startup node when
-                # one did: redis-py 8 shuffles its startup nodes, and a hung one asked
-                # first (a stopped master) would spend the whole deadline. redis-py learns
-                # every other node from its slot map.
-                (h0, p0), *others = answering_first(self.cfg.nodes, deadline.left() or self.timeout)
-                self._rc = RedisCluster(
-                    url=f"redis://{f'[{h0}]' if ':' in h0 else h0}:{p0}", startup_nodes=[ClusterNode(h, p) for h, p in others],
+                # Through a node that answers: a hung one (a stopped master) asked
+                # first would spend the whole deadline (see cluster_via).
+                self._rc = cluster_via(
+                    answering_first(self.cfg.nodes, deadline.left() or self.timeout),
                     require_full_coverage=False, retry=Retry(NoBackoff(), 0), protocol=2,
                     socket_timeout=self.timeout, socket_connect_timeout=self.timeout,
                     connection_class=self._conn_class, username=self.cfg.username,
@@ -308,17 +303,17 @@ class RedisClusterClient(RemoteClient):
             out[i] = v > 0
 
     def health(self) -> None:
-        """PING every master in one deadline; fine when at least one answers."""
+        """PING every master side by side in one deadline; fine as soon as one answers (a
+        hung master, asked first in turn, would have spent the whole deadline)."""
+        def ping(rc: Any, node: Any) -> None:
+            if rc.get_redis_connection(node).ping() is not True:
+                raise RemoteError("PING was not answered with PONG")
+
         def run() -> None:
             rc = self._cluster()
-            errors = []
-            for node in rc.get_primaries():
-                try:
-                    if rc.get_redis_connection(node).ping() is True:
-                        return
-                except Exception as exc:
-                    errors.append(exc)
-            raise RemoteError(f"no master answered PING: {errors[:1]}")
+            errors = self._shards.each(rc.get_primaries(), lambda n: ping(rc, n), until_one=True)
+            if all(errors):
+                raise RemoteError(f"no master answered PING: {[e for e in errors if e][:1]}")
         self._call(run)
 
     # ------------------------------------------------------------------ manifests
@@ -357,29 +352,3 @@ def make_client(url: str, timeout: float, limits: Limits | None = None,
         return RedisClusterClient(url, timeout, limits, chunk_size=chunk_size, max_len=max_len)
     return remote_clients.make_client(url, timeout, limits)
 
-
-def answering_first(nodes: Sequence[tuple[str, int]], timeout: float) -> list[tuple[str, int]]:
-    """The first of ``nodes`` to answer a PING, alone (all asked in parallel, waiting at
-    most ``timeout`` for one answer), or all of them in their given order when none did."""
-    import redis
-
-    answered: list[tuple[str, int]] = []
-    first = threading.Event()
-    lock = threading.Lock()
-
-    def ping(node: tuple[str, int]) -> None:
-        try:
-            redis.Redis(node[0], node[1], socket_timeout=timeout,
-                        socket_connect_timeout=timeout).ping()
-        except Exception:  # unreachable, hung, refusing: it goes last
-            return
-        with lock:
-            answered.append(node)
-        first.set()
-
-    for n in nodes:
-        threading.Thread(target=ping, args=(n,), daemon=True, name="hc-cluster-ping").start()
-    first.wait(timeout)
-    with lock:
-        lead = answered[:1]
-    return lead or list(nodes)

@@ -9,6 +9,8 @@ backed off, topology refreshes, and per-shard batches run side by side.
   waits for it or spends its deadline on it.
 * ``Shards.each``: one job per shard, concurrently, each under what is left of the calling
   thread's deadline, so a hung shard spends its own share and not the others'.
+* ``answering_first``/``cluster_via``: discovery through a node that answers, so a hung node
+  (a stopped master) never spends a new client's first call.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from tiers import deadline
@@ -102,10 +104,13 @@ class Shards:
             until = self._down.get(node, (0.0, 0.0))[0]
         return time.monotonic() < until
 
-    def each(self, jobs: list[T], fn: Callable[[T], None]) -> list[BaseException | None]:
+    def each(self, jobs: list[T], fn: Callable[[T], None],
+             until_one: bool = False) -> list[BaseException | None]:
         """``fn(job)`` for each job (one per shard), concurrently when there are several,
         each under what is left of this call's deadline: a hung shard spends its own
-        share, not the others'. The exception each raised, or None."""
+        share, not the others'. The exception each raised, or None. ``until_one``: return
+        as soon as one job succeeded (the jobs still running then count as
+        ShardUnavailable, and end by the deadline)."""
         if len(jobs) <= 1:
             out: list[BaseException | None] = []
             for j in jobs:
@@ -126,7 +131,14 @@ class Shards:
                 self._pool = ThreadPoolExecutor(8, thread_name_prefix="remote-cluster")
             pool = self._pool
         futs = [pool.submit(run, j) for j in jobs]
-        done, _ = wait(futs, timeout=max(at - time.monotonic(), 0.0) + 0.05)
+        done, pending = wait(futs, timeout=max(at - time.monotonic(), 0.0) + 0.05,
+                             return_when=FIRST_COMPLETED if until_one else ALL_COMPLETED)
+        while until_one and pending and not any(f.exception() is None for f in done):
+            more, pending = wait(pending, timeout=max(at - time.monotonic(), 0.0) + 0.05,
+                                 return_when=FIRST_COMPLETED)
+            if not more:
+                break
+            done |= more
         return [f.exception() if f in done else ShardUnavailable("no answer within the deadline")
                 for f in futs]
 
@@ -135,3 +147,64 @@ class Shards:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False)
+
+
+def answering_first(nodes: Sequence[tuple[str, int]], timeout: float) -> list[tuple[str, int]]:
+    """The first of ``nodes`` to answer a PING, alone (all asked in parallel, waiting at
+    most ``timeout`` for one answer), or all of them in their given order when none did."""
+    import redis
+
+    answered: list[tuple[str, int]] = []
+    first = threading.Event()
+    lock = threading.Lock()
+
+    def ping(node: tuple[str, int]) -> None:
+        r = redis.Redis(node[0], node[1], socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            r.ping()
+        except Exception:  # unreachable, hung, refusing: not the lead
+            return
+        finally:
+            r.close()
+        with lock:
+            answered.append(node)
+        first.set()
+
+    for n in nodes:
+        threading.Thread(target=ping, args=(n,), daemon=True, name="hc-cluster-ping").start()
+    first.wait(timeout)
+    with lock:
+        lead = answered[:1]
+    return lead or list(nodes)
+
+
+def cluster_via(nodes: Sequence[tuple[str, int]], **kwargs: Any) -> Any:
+    """redis-py's ``RedisCluster`` discovered through ``nodes[0]`` (the node that answered,
+    see ``answering_first``; a URL of it makes redis-py build every node's pool with
+    ``kwargs["connection_class"]``), the rest startup nodes too. redis-py 8 shuffles its
+    startup nodes, and sends the COMMAND its constructor asks to its default node, the
+    master of slot 0: either may be a hung node, which would spend the whole deadline. So
+    ``nodes[0]`` is the only startup node when it is the only one given, and it answers
+    that COMMAND (also when the slot map leaves it out, as a replica of a hung master);
+    redis-py learns the other nodes from its slot map."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    (h0, p0), *others = nodes
+    lead = ClusterNode(h0, p0)
+
+    class _Cluster(RedisCluster):
+        _lead: ClusterNode | None = lead
+
+        def get_default_node(self) -> Any:
+            if self._lead is None:
+                return super().get_default_node()
+            if self._lead.redis_connection is None:  # its pool, as redis-py builds one
+                self.nodes_manager.create_redis_connections([self._lead])
+            return self._lead
+
+    rc = _Cluster(url=f"redis://{f'[{h0}]' if ':' in h0 else h0}:{p0}",
+                  startup_nodes=[ClusterNode(h, p) for h, p in others], **kwargs)
+    rc._lead = None  # built: redis-py's default node again (we send no keyless command)
+    if lead.redis_connection is not None:
+        lead.redis_connection.close()
+    return rc

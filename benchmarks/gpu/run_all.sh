@@ -113,7 +113,7 @@ step imports 90 "$py" benchmarks/gpu/gpu_env.py check $([ "$dry" -eq 0 ] && echo
 if [ "$dry" -eq 0 ] && [ -z "${HC_KERNEL_BACKEND:-}" ]; then
   for cand in cupy cubin; do
     if HC_KERNEL_BACKEND=$cand step "probe_$cand" 45 "$py" benchmarks/gpu/probe_backend.py; then :; fi
-    if tail -n 1 "$logdir/steps.tsv" | grep -q $'\t0\t'; then export HC_KERNEL_BACKEND=$cand; break; fi
+    if tail -n 1 "$logdir/steps.tsv" | awk -F'\t' '{ exit !($2 == "0") }'; then export HC_KERNEL_BACKEND=$cand; break; fi
   done
   if [ -z "${HC_KERNEL_BACKEND:-}" ]; then
     echo "run_all: neither cupy nor nvcc could run the kernels" >&2
@@ -129,7 +129,7 @@ echo "kernel backend: ${HC_KERNEL_BACKEND:-auto}"
 if [ "$dry" -eq 1 ]; then
   step hf_ttft 240 "$py" benchmarks/gpu/bench_hf_ttft.py --cpu-dry-run --out "$logdir/hf_ttft.json"
   step tests 120 "$py" -m pytest tests/kernels/test_kernels_copy_engine.py -q -p no:cacheprovider \
-    -o addopts="" --timeout=120 --collect-only
+    -o addopts="" --noconftest --timeout=120 --collect-only
   step bench_kernels 90 "$py" benchmarks/gpu/bench_kernels_gpu.py --cpu-dry-run --json "$logdir/bench_kernels.json"
   step bench_overlap 60 "$py" benchmarks/gpu/bench_overlap.py --cpu-dry-run --json "$logdir/bench_overlap.json"
 else
@@ -137,7 +137,7 @@ else
   mkdir -p "$nvme"
   step hf_ttft 270 "$py" benchmarks/gpu/bench_hf_ttft.py --budget-s 200 --nvme-dir "$nvme" \
     --out "$logdir/hf_ttft.json"
-  step tests 120 "$py" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --timeout=100
+  step tests 120 "$py" -m pytest tests/kernels -q -p no:cacheprovider -o addopts="" --noconftest --timeout=100
   step bench_kernels 60 "$py" benchmarks/gpu/bench_kernels_gpu.py $quick --json "$logdir/bench_kernels.json"
   step bench_overlap 50 "$py" benchmarks/gpu/bench_overlap.py $quick --json "$logdir/bench_overlap.json"
   if [ "$(left)" -ge 150 ]; then

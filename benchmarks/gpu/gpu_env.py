@@ -2,9 +2,11 @@
 until the check itself, so it runs before anything is installed).
 
     python3 benchmarks/gpu/gpu_env.py install WHEEL_DIR SITE_DIR
-        unpacks every ``*.whl`` of WHEEL_DIR into SITE_DIR (a wheel is a zip whose root is
-        importable as is; a ``*.data/purelib|platlib`` folder is merged into the root). The
-        caller puts SITE_DIR first on PYTHONPATH. No pip and no index are needed (the GPU
+        unpacks every ``*.whl`` of WHEEL_DIR into SITE_DIR when they all fit this interpreter
+        (a set with a wheel for another CPython is left alone: the dry run here after
+        wheels.sh). A wheel is a zip whose root is importable as is; a
+        ``*.data/purelib|platlib`` folder is merged into the root. The caller puts
+        SITE_DIR first on PYTHONPATH. No pip and no index are needed (the GPU
         machine reaches none), and nothing outside SITE_DIR changes.
     python3 benchmarks/gpu/gpu_env.py check [--gpu]
         imports what run_all.sh's steps import (the transformers runtime, the tiers, the
@@ -32,8 +34,32 @@ THIRD_PARTY = ("torch", "transformers", "numpy", "yaml", "pydantic", "pydantic_c
                "pytest_timeout")
 
 
+def fits(whl: Path) -> bool:
+    """Whether this interpreter can import ``whl`` (its file name's python and ABI tags): a
+    ``cp312`` wheel unpacked for another CPython would shadow a working install with a
+    binary that cannot load (the dry run here, after wheels.sh filled .whl for the GPU)."""
+    parts = whl.name[:-4].split("-")
+    py_tag, abi_tag = parts[-3], parts[-2]
+    here = sys.version_info.major * 100 + sys.version_info.minor
+    for tag in py_tag.split("."):
+        if tag.startswith("py"):
+            return True
+        if tag.startswith("cp"):
+            want = int(tag[2]) * 100 + int(tag[3:] or 0)
+            if abi_tag == "abi3" and here >= want:
+                return True
+            if abi_tag != "abi3" and here == want:
+                return True
+    return False
+
+
 def install(wheel_dir: Path, site: Path) -> int:
     wheels = sorted(wheel_dir.glob("*.whl"))
+    misfits = [w.name for w in wheels if not fits(w)]
+    if misfits:  # the set is for another Python: unpacking part of it would mix versions
+        print(f"gpu_env: {wheel_dir} is not for python {sys.version.split()[0]} "
+              f"({', '.join(misfits)}); nothing unpacked")
+        return 0
     site.mkdir(parents=True, exist_ok=True)
     for whl in wheels:
         with zipfile.ZipFile(whl) as z:

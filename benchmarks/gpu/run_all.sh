@@ -49,6 +49,8 @@ mkdir -p "$logdir"
 budget="${HC_GPU_BUDGET_S:-$([ "$dry" -eq 1 ] && echo 300 || echo 540)}"
 export HC_KERNEL_CACHE="${HC_KERNEL_CACHE:-${TMPDIR:-/tmp}/hc_kernel_cache}"
 export PYTHONUNBUFFERED=1
+# Dry run: tiny tensors on a shared CPU, where intra-op threads only contend.
+[ "$dry" -eq 1 ] && export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 failed=()
 
 # ---------------------------------------------------------------- python

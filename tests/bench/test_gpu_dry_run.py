@@ -17,10 +17,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_ALL = ROOT / "benchmarks" / "gpu" / "run_all.sh"
 
 
-def fake_wheel(folder: Path) -> Path:
+def fake_wheel(folder: Path, tags: str = "py3-none-any") -> Path:
     """A tiny pure-python wheel, with a ``.data/purelib`` part, standing in for wheels.sh's."""
-    folder.mkdir(parents=True)
-    whl = folder / "hc_dry_probe-0.1-py3-none-any.whl"
+    folder.mkdir(parents=True, exist_ok=True)
+    whl = folder / f"hc_dry_probe-0.1-{tags}.whl"
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("hc_dry_probe/__init__.py", "VALUE = 42\n")
         z.writestr("hc_dry_probe-0.1.data/purelib/hc_dry_probe_extra.py", "EXTRA = 1\n")
@@ -70,6 +70,22 @@ def test_cpu_dry_run_runs_every_step(tmp_path: Path) -> None:
     assert case["replay"]["replayed_anchors"] > 0 and not case["replay"]["exact"]
     assert s["headline"]["hf_ttft"]["prompt_tokens"] == case["prompt_tokens"]
     assert s["results"]["bench_kernels"]["kernels"] and s["results"]["bench_overlap"]["cases"]
+
+
+def test_wheels_for_another_python_are_left_alone(tmp_path: Path) -> None:
+    """After wheels.sh filled .whl with cp312 wheels, a dry run on another Python must not
+    put them first on its path (a cp312 pydantic-core shadowing the venv's broke every
+    import of the config schema)."""
+    other = f"cp{sys.version_info.major}{sys.version_info.minor + 1}"
+    fake_wheel(tmp_path / "whl")
+    fake_wheel(tmp_path / "whl", f"{other}-{other}-manylinux_2_17_x86_64")
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "gpu_env.py"),
+                           "install", str(tmp_path / "whl"), str(site)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "nothing unpacked" in proc.stdout
+    assert not site.exists() or not any(site.iterdir())
 
 
 def test_a_step_past_its_timeout_is_cut_and_the_summary_still_written(tmp_path: Path) -> None:

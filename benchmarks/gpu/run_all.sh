@@ -54,14 +54,19 @@ export PYTHONUNBUFFERED=1
 failed=()
 
 # ---------------------------------------------------------------- python
-# One interpreter start per candidate: it must import torch (GPU: with a visible CUDA device)
-# and prints the environment line.
+# One interpreter start per candidate: GPU: its torch sees a CUDA device; dry run: it has torch.
 describe() {
-  "$1" -c 'import sys, torch
-c = torch.cuda.is_available()
-if not c and sys.argv[1] == "0":
+  if [ "$dry" -eq 1 ]; then  # finding torch is enough: importing it costs seconds on a busy CPU
+    "$1" -c 'import importlib.util as u, sys
+if u.find_spec("torch") is None:
     sys.exit(1)
-print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "|", torch.cuda.get_device_name() if c else "no GPU")' "$dry" 2>/dev/null
+print("python", sys.version.split()[0], "| torch found | dry run on CPU")' 2>/dev/null
+    return
+  fi
+  "$1" -c 'import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(1)
+print("python", sys.version.split()[0], "| torch", torch.__version__, "| cuda", torch.version.cuda, "|", torch.cuda.get_device_name())' 2>/dev/null
 }
 py=""
 cands=("${PYTHON:-}" python3 "$root/.venv/bin/python")

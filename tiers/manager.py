@@ -300,11 +300,13 @@ class TierManager(Backend, ObjectStore):
 
     # ------------------------------------------------------------------ misc
     def stats(self) -> dict[str, Any]:
-        """Per-tier ``TierStats`` plus movement counters (a snapshot)."""
+        """Per-tier ``TierStats`` plus movement counters (a snapshot); ``drops_with_room``:
+        evictions dropped while a tier below had room (a defect: always 0)."""
         tiers: dict[str, TierStats] = {t.name: t.stats() for t in self.tiers}
         return {"tiers": tiers, "demotions": dict(self.executor.demotions),
                 "promotions": dict(self.executor.promotions), "drops": dict(self.mstats.drops),
-                "put_failures": self.mstats.put_failures, "misses": self.mstats.misses}
+                "put_failures": self.mstats.put_failures, "misses": self.mstats.misses,
+                "drops_with_room": self.ledger.drops_with_room}
 
     def close(self) -> None:
         self._copy.close()

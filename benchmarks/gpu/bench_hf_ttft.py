@@ -107,10 +107,12 @@ class Bench:
         return load_config(overrides={"chunk_size": self.args.chunk_size, **over}, environ={})
 
     def store(self, tier: str, length: int) -> TierManager:
+        # Room for everything the case stores (the prefix, every request's suffix, a dozen
+        # checkpoints, the replay case's anchors) with a 2x margin: no eviction mid-case.
         g = geometry_for(self.model)
-        kv = kv_layout(g, length + 16 * self.args.suffix).nbytes * 2
-        budgets = {ObjectKind.KV: kv, ObjectKind.STATE: state_layout(g).nbytes * 16,
-                   ObjectKind.ANCHOR: kv // 2}
+        kv = kv_layout(g, 2 * length + 8 * self.args.suffix).nbytes
+        budgets = {ObjectKind.KV: kv, ObjectKind.STATE: state_layout(g).nbytes * 12,
+                   ObjectKind.ANCHOR: kv // 4}
         if tier == "device":
             tiers: list[Any] = [DeviceTier(budgets, device=self.dev)]
         elif tier == "host":

@@ -12,7 +12,11 @@ one pool that KV and states share (the reference simulator's single cache size);
 output says which. Exit code 2 for a bad argument, trace, model or config.
 
 ``gen-trace KIND --out FILE``: writes a synthetic trace (``chat``, ``agentic``, ``docqa``,
-``sysprompt``, ``oneshot``, ``blog_agentic``, ``blog_chat``) with the generator's documented defaults and the given seed.
+``sysprompt``, ``oneshot``, ``blog_agentic``, ``blog_chat``, and the engine head-to-head's
+``chat_edits``, ``agentic_branch``, ``multiround_qa``, ``mooncake``: >= 1,000 requests each
+by default, lengths divided by ``--scale``) with the generator's documented defaults and the
+given seed. ``mooncake --mooncake FILE`` replays a Mooncake-format file instead of
+synthetic rows. ``--stats`` also prints the trace's reuse statistics (``sim.working_set``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,9 @@ from hybrid_connector.config import parse_size as _parse_size
 GEN_SIZES = {
     "chat": (64, 10), "agentic": (16, 30), "docqa": (8, 400), "sysprompt": (4, 600), "oneshot": (1000, 3),
     "blog_agentic": (15, 20), "blog_chat": (500, 40),
+    "chat_edits": (128, 8), "agentic_branch": (24, 30), "multiround_qa": (200, 5), "mooncake": (1000, 6),
 }
+SCALED = ("chat_edits", "agentic_branch", "multiround_qa", "mooncake")  # take ``scale``
 
 
 def add_parser(subparsers: Any) -> None:
@@ -50,6 +56,9 @@ def add_gen_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sessions", type=int, default=None, help="sessions / documents / prompt families")
     p.add_argument("--turns", type=int, default=None, help="turns per session / questions / queries")
+    p.add_argument("--scale", type=int, default=1, help=f"divide every length by this ({', '.join(SCALED)})")
+    p.add_argument("--mooncake", default=None, help="mooncake: replay this Mooncake-format JSONL file")
+    p.add_argument("--stats", action="store_true", help="also print unique/reusable tokens and the live peak")
     p.set_defaults(func=run_gen)
 
 
@@ -58,10 +67,28 @@ def run_gen(args: argparse.Namespace) -> int:
 
     a, b = GEN_SIZES[args.kind]
     gen = GENERATORS[args.kind]
-    extra = {"lengths": "sharegpt"} if args.kind == "chat" else {}
-    records = gen(args.sessions or a, args.turns or b, args.seed, as_arrays=True, **extra)  # type: ignore[operator]
+    extra: dict[str, Any] = {"lengths": "sharegpt"} if args.kind == "chat" else {}
+    if args.kind in SCALED:
+        extra["scale"] = args.scale
+    if (args.scale != 1 and args.kind not in SCALED) or (args.mooncake and args.kind != "mooncake"):
+        print(f"gen-trace: --scale applies to {', '.join(SCALED)}, --mooncake to mooncake", file=sys.stderr)
+        return 2
+    try:
+        if args.mooncake:
+            from hybrid_connector.sim.traces_mooncake import read_rows, to_records
+
+            records = to_records(read_rows(args.mooncake), args.seed, args.scale, as_arrays=True)
+        else:
+            records = gen(args.sessions or a, args.turns or b, args.seed, as_arrays=True, **extra)  # type: ignore[operator]
+    except (OSError, ValueError) as exc:
+        print(f"gen-trace: {exc}", file=sys.stderr)
+        return 2
     n = save_jsonl(records, args.out)
     print(f"wrote {n} requests to {args.out}: {summarize(records)}")
+    if args.stats:
+        from hybrid_connector.sim.working_set import trace_stats
+
+        print(f"reuse: {trace_stats(records)}")
     return 0
 
 

@@ -22,6 +22,10 @@ the datasets they imitate, see each docstring):
   long prefixes reused ~20 times or once or twice, between hot short prefixes.
 * ``system_prompts``: a few long system prompts in families sharing a common base, with
   Zipf-popular prompts and varied short queries.
+* ``chat_edits`` / ``agentic_branch`` / ``multiround_qa`` (``traces_engine``) and
+  ``mooncake`` (``traces_mooncake``): the engine head-to-head's traces (regenerations and
+  edits, agents branching mid-turn with side calls, LMCache's multi-round QA, the public
+  Mooncake format), with a ``scale`` length divisor.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from hybrid_connector.sim.trace_util import finish as _finish
 from hybrid_connector.sim.trace_util import lognormal as _lognormal
 from hybrid_connector.sim.trace_util import toks as _toks
 from hybrid_connector.sim.traces_blog import blog_agentic, blog_chat
+from hybrid_connector.sim.traces_engine import agentic_branch, chat_edits, multiround_qa
+from hybrid_connector.sim.traces_mooncake import mooncake
 from hybrid_connector.sim.traces_oneshot import oneshot_chat
 
 REQUIRED = ("session_id", "turn_id", "ts", "input_tokens", "output_tokens")
@@ -289,6 +295,10 @@ GENERATORS = {
     "oneshot": oneshot_chat,
     "blog_agentic": blog_agentic,
     "blog_chat": blog_chat,
+    "chat_edits": chat_edits,
+    "agentic_branch": agentic_branch,
+    "multiround_qa": multiround_qa,
+    "mooncake": mooncake,
 }
 
 

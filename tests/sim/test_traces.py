@@ -19,7 +19,8 @@ from hybrid_connector.sim.traces import (
 )
 
 SMALL = {"chat": (4, 3, 1), "agentic": (3, 6, 1), "docqa": (2, 10, 1), "sysprompt": (2, 10, 1),
-         "oneshot": (12, 2, 1), "blog_agentic": (3, 4, 1), "blog_chat": (8, 4, 1)}
+         "oneshot": (12, 2, 1), "blog_agentic": (3, 4, 1), "blog_chat": (8, 4, 1),
+         "chat_edits": (4, 5, 1), "agentic_branch": (3, 6, 1), "multiround_qa": (3, 3, 1), "mooncake": (20, 3, 1)}
 
 
 @pytest.mark.parametrize("kind", sorted(GENERATORS))

@@ -130,3 +130,13 @@ def working_set_bytes(records: Sequence[Record], geometry: ModelGeometry,
     tokens, states = ((s["unique_tokens"], s["hit_positions"]) if measure == "unique"
                       else (s["live_peak_tokens"], s["live_peak_states"]))
     return int(tokens) * geometry.kv_bytes_per_token() + int(states) * geometry.state_bytes()
+
+
+BUDGET_MULTIPLES = (0.25, 0.5, 1.0, 2.0, 4.0)  # the head-to-head's host budget sweep
+
+
+def budget_sweep(working_set: int, multiples: Sequence[float] = BUDGET_MULTIPLES) -> dict[float, int]:
+    """Host budgets (bytes) at each multiple of ``working_set`` (bytes), in the given order."""
+    if working_set < 0 or any(m <= 0 for m in multiples):
+        raise ValueError("working_set >= 0 and positive multiples required")
+    return {float(m): int(m * working_set) for m in multiples}

@@ -16,12 +16,13 @@ from hybrid_connector.sim.traces import GENERATORS, load_jsonl
 from hybrid_connector.sim.traces_engine import agentic_branch, chat_edits, multiround_qa
 from hybrid_connector.sim.traces_mooncake import (
     block_tokens,
+    block_tokens_many,
     read_rows,
     synthetic_rows,
     to_records,
     write_rows,
 )
-from hybrid_connector.sim.working_set import trace_stats, working_set_bytes
+from hybrid_connector.sim.working_set import budget_sweep, trace_stats, working_set_bytes
 
 SAMPLE = Path(__file__).parent / "data" / "mooncake_sample.jsonl"
 # Unlimited-cache token hit rate each default trace must land in (scale 16, seed 0).
@@ -145,6 +146,7 @@ def test_mooncake_rows_to_tokens() -> None:
     assert np.array_equal(a["input_tokens"][:1024], c["input_tokens"][:1024])  # equal ids, equal blocks
     assert lcp(a["input_tokens"], b["input_tokens"]) == 512
     assert np.array_equal(a["input_tokens"][1024:], block_tokens(2, 5)[:76])  # partial last block
+    assert np.array_equal(block_tokens_many([1, 2], 5), np.concatenate([block_tokens(1, 5), block_tokens(2, 5)]))
     assert not np.array_equal(to_records(rows, seed=6)[0]["input_tokens"], a["input_tokens"].tolist())
     s = to_records(rows, seed=5, scale=16, as_arrays=True)
     assert [x["input_tokens"].size for x in s] == [69, 44, 96]
@@ -184,6 +186,7 @@ def test_working_set_on_a_known_trace() -> None:
     geo = get_preset("marconi-7b")
     assert working_set_bytes(recs, geo) == 16 * geo.kv_bytes_per_token() + geo.state_bytes()
     assert working_set_bytes(recs, geo, "live_peak", block_tokens=4) == 12 * geo.kv_bytes_per_token() + geo.state_bytes()
+    assert budget_sweep(1000) == {0.25: 250, 0.5: 500, 1.0: 1000, 2.0: 2000, 4.0: 4000}
 
 
 def test_cli_writes_the_traces(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

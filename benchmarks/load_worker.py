@@ -10,10 +10,12 @@ command per line on stdin and answers one JSON line on stdout:
   of the rest and that identity); a GET is verified against it and against the version
   this client put last, so a torn, stale or foreign object counts as ``corrupt``. A GET
   or EXIST miss of a slot put before is a ``miss`` (a budgeted server may have dropped it),
-  a socket error or an unexpected reply an ``error``.
+  a socket error or an unexpected reply an ``error``. With ``token``, the connection
+  AUTHs first (our server with ``server.token`` set).
 * ``{"op": "lookup", ...}``: hybrid LOOKUPs through ``ServerCache`` of the conversations
   ``server_load.populate`` saved, checking each hit against what was found then, every
-  ``load_every``-th one followed by a LOAD whose payloads are verified (``conv_bytes``).
+  ``load_every``-th one followed by a LOAD whose payloads are verified (``conv_bytes``);
+  ``token``: the server's token (``cache_server.token``).
 * ``{"op": "quit"}``.
 
 Only the standard library, numpy and xxhash are imported for plain clients (they start in
@@ -74,6 +76,23 @@ class Plain:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.out: dict[str, Any] = {"ops": {}, "bytes": {}, "lat": {}, "errors": 0,
                                     "corrupt": 0, "misses": {}, "error_samples": []}
+        if cmd.get("token"):
+            self.auth(str(cmd["token"]))
+
+    def auth(self, token: str) -> None:
+        """AUTH on this connection (our server with ``server.token`` set); ConnectionError
+        unless it succeeds. The only hybrid frame a plain client sends."""
+        import msgspec
+
+        from hybrid_connector.wire import messages as m
+        from hybrid_connector.wire.frames import Ext, body_length, pack_body, request
+
+        msg = msgspec.msgpack.encode(m.Auth(token))
+        self.sock.sendall(request(int(Ext.AUTH), body_length(msg)) + pack_body(msg))
+        code, length = self._reply()
+        self._recv_into(memoryview(bytearray(length)))
+        if code != OK:
+            raise ConnectionError(f"AUTH refused: code {code}")
 
     def _count(self, name: str, nbytes: int, dt: float) -> None:
         o = self.out
@@ -199,7 +218,8 @@ def lookups(cmd: dict[str, Any], caches: dict[str, Any]) -> dict[str, Any]:
 
     url = cmd["url"]
     if url not in caches:
-        cfg = load_config(overrides={"cache_server": {"url": url}, **cmd["cache"]}, environ={})
+        server = {"url": url, **({"token": cmd["token"]} if cmd.get("token") else {})}
+        cfg = load_config(overrides={"cache_server": server, **cmd["cache"]}, environ={})
         caches[url] = ServerCache(cfg, get_preset(cmd["preset"]))
     cache = caches[url]
     out: dict[str, Any] = {"ops": {}, "bytes": {}, "lat": {}, "errors": 0, "corrupt": 0,
@@ -216,6 +236,8 @@ def lookups(cmd: dict[str, Any], caches: dict[str, Any]) -> dict[str, Any]:
         out["lat"].setdefault("lookup", []).append(round(time.perf_counter() - t0, 6))
         out["ops"]["lookup"] = out["ops"].get("lookup", 0) + 1
         out["bytes"]["lookup"] = out["bytes"].get("lookup", 0) + 0
+        out["hit_tokens"] = out.get("hit_tokens", 0) + plan.num_tokens
+        out["expected_tokens"] = out.get("expected_tokens", 0) + c["expect"]
         if plan.num_tokens < c["expect"]:
             out["short_hits"] += 1  # dropped by the budget: a miss, not an error
         elif plan.num_tokens > c["expect"]:

@@ -207,8 +207,8 @@ class Clients:
 class Budgets:
     """Samples our server's STATS every ``every`` s: every tier's use against capacity."""
 
-    def __init__(self, url: str, every: float = 0.5) -> None:
-        self.url, self.every = url, every
+    def __init__(self, url: str, every: float = 0.5, token: str | None = None) -> None:
+        self.url, self.every, self.token = url, every, token
         self.samples = self.violations = self.failures = 0
         self.max_use: dict[str, dict[str, float]] = {}
         self.examples: list[str] = []
@@ -221,7 +221,7 @@ class Budgets:
 
         while not self._stop.wait(self.every):
             try:
-                tiers = admin.stats(self.url, timeout_s=30)["tiers"]
+                tiers = admin.stats(self.url, self.token, timeout_s=30)["tiers"]
             except Exception:
                 self.failures += 1
                 continue
@@ -246,10 +246,11 @@ class Budgets:
 
 # ---------------------------------------------------------------- one phase
 def plain_cmd(i: int, host: str, port: int, seconds: float, seed: int,
-              sizes: dict[str, int], slots: dict[str, int]) -> dict[str, Any]:
+              sizes: dict[str, int], slots: dict[str, int],
+              token: str | None = None) -> dict[str, Any]:
     return {"op": "plain", "client": i, "host": host, "port": port, "seconds": seconds,
             "seed": seed, "sizes": sizes, "slots": slots, "size_weights": SIZE_WEIGHTS,
-            "op_weights": OP_WEIGHTS}
+            "op_weights": OP_WEIGHTS, "token": token}
 
 
 def run_phase(clients: Clients, cmds: list[dict[str, Any] | None], seconds: float,
@@ -297,11 +298,13 @@ def summarize(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         "per_op": per_op, "errors": sum(r["errors"] for r in results),
         "corrupt": sum(r["corrupt"] for r in results), "misses": misses,
         "short_hits": sum(r.get("short_hits", 0) for r in results),
+        "hit_tokens": sum(r.get("hit_tokens", 0) for r in results),  # lookups: found
+        "expected_tokens": sum(r.get("expected_tokens", 0) for r in results),  # populated
         "error_samples": [e for r in results for e in r["error_samples"]][:10],
     }
 
 
-def populate(url: str, n: int, length: int) -> list[dict[str, Any]]:
+def populate(url: str, n: int, length: int, token: str | None = None) -> list[dict[str, Any]]:
     """Save ``n`` conversations through ``ServerCache``; what a lookup of each finds."""
     import torch
 
@@ -313,7 +316,8 @@ def populate(url: str, n: int, length: int) -> list[dict[str, Any]]:
 
     conv_bytes = load_worker.conv_bytes
 
-    cfg = load_config(overrides={"cache_server": {"url": url}, **CACHE}, environ={})
+    server = {"url": url, **({"token": token} if token else {})}
+    cfg = load_config(overrides={"cache_server": server, **CACHE}, environ={})
     cache = ServerCache(cfg, get_preset(PRESET))
     convs = []
     for c in range(n):
@@ -345,22 +349,24 @@ def populate(url: str, n: int, length: int) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------- the run
 def mixed(clients: Clients, ours: Any, seconds: float, lookup_clients: int,
           convs: list[dict[str, Any]], sizes: dict[str, int], slots: dict[str, int],
-          bar: tqdm | None = None, seed: int = 0) -> dict[str, Any]:
-    """Phase 1 against ``ours`` (``.url``, ``.host``, ``.port``)."""
+          bar: tqdm | None = None, seed: int = 0, token: str | None = None) -> dict[str, Any]:
+    """Phase 1 against ``ours`` (``.url``, ``.host``, ``.port``); ``token``: the server's."""
     n = len(clients.procs)
     plain_n = n - lookup_clients
 
     def lookup(i: int, secs: float) -> dict[str, Any]:
         return {"op": "lookup", "url": ours.url, "seconds": secs, "seed": seed + i,
-                "conversations": convs, "cache": CACHE, "preset": PRESET, "load_every": 4}
+                "conversations": convs, "cache": CACHE, "preset": PRESET, "load_every": 4,
+                "token": token}
 
     warm: list[dict[str, Any] | None] = [None] * plain_n + [lookup(i, 0) for i in
                                                             range(plain_n, n)]
     clients.send(warm)  # imports and HELLO before the clock
     clients.collect(warm)
-    budgets = Budgets(ours.url)
+    budgets = Budgets(ours.url, token=token)
     cmds: list[dict[str, Any] | None] = [
-        plain_cmd(i, ours.host, ours.port, seconds, seed + i, sizes, slots) if i < plain_n
+        plain_cmd(i, ours.host, ours.port, seconds, seed + i, sizes, slots, token)
+        if i < plain_n
         else lookup(i, seconds) for i in range(n)]
     proc = getattr(ours, "proc", None)
     c0 = cpu_seconds(proc.pid if proc is not None else os.getpid())

@@ -75,12 +75,15 @@ for cand in "${cands[@]}"; do
   if [ -n "$cand" ] && command -v "$cand" >/dev/null 2>&1 && env_line="$(describe "$cand")"; then py="$cand"; break; fi
 done
 if [ -z "$py" ]; then
-  echo "run_all: no Python with torch$([ "$dry" -eq 0 ] && echo ' (CUDA build, visible GPU)'); nothing to run" >&2
-  nvidia-smi -L 2>&1 || true
+  why="no Python with torch$([ "$dry" -eq 0 ] && echo ' (CUDA build, visible GPU)'); nothing to run"
+  echo "run_all: $why" >&2
+  { command -v nvidia-smi >/dev/null && nvidia-smi -L; } 2>&1 || true
+  printf '{"mode": "%s", "complete": true, "failed": ["python"], "error": "%s", "steps": []}\n' \
+    "$mode" "$why" > "$logdir/summary.json"
   exit 2
 fi
 echo "== environment ($mode, budget ${budget}s, output $logdir)"
-[ "$dry" -eq 0 ] && { nvidia-smi -L 2>&1 || true; }
+[ "$dry" -eq 0 ] && { command -v nvidia-smi >/dev/null && nvidia-smi -L; } 2>&1 || true
 echo "$env_line"
 
 summarize() { "$py" benchmarks/gpu/summary.py "$logdir" "$mode" "$budget" "$@" || echo "run_all: summary failed" >&2; }

@@ -14,7 +14,7 @@ import torch
 from hybrid_connector.integrations.hf import HFRuntime
 
 STATE_TOL = 2e-2  # bf16: a few ulps of the tensor's scale; a wrong or missing restore is ~1
-LOGIT_TOL = 5e-2
+LOGIT_TOL = 1e-1  # bf16 suffix GEMMs of other shapes than the full prefill's: the loose check
 
 
 def sync(dev: torch.device) -> None:

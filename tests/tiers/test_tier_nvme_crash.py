@@ -64,8 +64,9 @@ def child(path: Path, seed: int, start: int, wfd: int) -> None:
 
 
 def run_round(path: Path, seed: int, start: int, delay: float) -> int:
-    """Fork a writer, kill it after ``delay`` s; return how many ops it reported done."""
-    buf = fork_and_kill(lambda wfd: child(path, seed, start, wfd), delay)
+    """Fork a writer, kill it ``delay`` s after its first report (a slow start on a busy
+    host eats none of its time); return how many ops it reported done."""
+    buf = fork_and_kill(lambda wfd: child(path, seed, start, wfd), delay, from_first_report=True)
     done = [int(x) for x in buf.split(b"\n")[:-1]]  # a torn last line is not a report
     assert done == list(range(start, start + len(done)))
     return len(done)

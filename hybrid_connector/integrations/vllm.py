@@ -32,6 +32,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from hybrid_connector.integrations.vllm_meta import HybridConnectorMetadata, HybridWorkerMetadata
+from hybrid_connector.integrations.vllm_pages import attention_backends
 from hybrid_connector.integrations.vllm_scheduler import SchedulerSide
 from hybrid_connector.integrations.vllm_setup import (
     HybridStartupError,
@@ -89,7 +90,10 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
     # ================================================================ worker side
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         assert self.worker is not None
-        self.worker.register(kv_caches)
+        specs = {n: g.kv_cache_spec for g in self._kv_cache_config.kv_cache_groups
+                 for n in g.layer_names}
+        names = [n for _, n in self.groups.attention]
+        self.worker.register(kv_caches, specs, attention_backends(self._vllm_config, names))
 
     def _meta(self) -> HybridConnectorMetadata:
         meta = self._get_connector_metadata()

@@ -2,14 +2,17 @@
 buffers and this rank's tiers, through ``kernels/`` (paged KV gather/scatter, state page
 copy; CUDA on GPU, the torch fallbacks on CPU).
 
-vLLM hands ``register_kv_caches`` one paged tensor per attention layer (``[2, blocks,
-block_size, heads, head_size]`` or ``[blocks, 2, ...]``) and a list of state tensors per
-Mamba/GDN layer (each ``[blocks, ...]``: block b holds the layer's whole state as of a
-block boundary in align mode). A state payload here is those pages back to back in vLLM's
-own shapes (its conv state is ``[kernel - 1, channels]``, the transpose of the geometry's
+vLLM hands ``register_kv_caches`` the per-layer ``[B, H, N, C]`` views ``allocate_kv_cache``
+makes of one int8 allocation every group aliases (``vllm_pages``): an attention layer's is
+viewed in place as ``[2, blocks, block_size, heads, head_size]`` by its backend's K/V
+packing, a Mamba/GDN layer's is sliced into its state tensors (each ``[blocks, ...]``:
+block b holds the layer's whole state as of a block boundary in align mode) as the layer
+itself slices it. A state payload here is those pages back to back in vLLM's own shapes
+(its conv state is ``[kernel - 1, channels]``, the transpose of the geometry's
 ``[channels, kernel - 1]``: same bytes, so the size check against the geometry holds and
 the engine-specific byte order goes into the index's fingerprint, never meeting payloads
-of the transformers runtime).
+of the transformers runtime). Only the addressed tokens' K/V and the addressed state bytes
+are read or written: never another group's page, nor a page's padding.
 
 Contract: ``load`` writes only the blocks of its job (KV of ``[start, end)``, the state at
 ``end``) and reports a job failed (never raises) when a shard is missing, short or does
@@ -22,11 +25,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
 import kernels
 from hybrid_connector.integrations.vllm_meta import Held, LoadJob, SaveJob, SaveObject
+from hybrid_connector.integrations.vllm_pages import kv_view, state_views
 from hybrid_connector.integrations.vllm_setup import Groups, HybridStartupError, layer_index
 from hybrid_connector.integrations.vllm_stats import HybridStats
 from hybrid_connector.keys import ObjectKey, ObjectKind
@@ -36,16 +41,6 @@ from hybrid_connector.model import ModelGeometry
 from hybrid_connector.ranks import LoadReport, OpReport, RankWorker
 
 log = logging.getLogger(__name__)
-
-
-def kv_block_layout(cache: torch.Tensor, num_blocks: int) -> str:
-    """``"kv_first"`` or ``"blocks_first"`` for one layer's paged KV tensor."""
-    if cache.dim() == 5 and cache.shape[0] == 2 and cache.shape[1] == num_blocks:
-        return "kv_first"
-    if cache.dim() == 5 and cache.shape[1] == 2 and cache.shape[0] == num_blocks:
-        return "blocks_first"
-    raise HybridStartupError(f"unsupported paged KV tensor of shape {tuple(cache.shape)} "
-                             f"for {num_blocks} blocks")
 
 
 class WorkerSide:
@@ -65,31 +60,30 @@ class WorkerSide:
         self.stats = HybridStats()
 
     # ---------------------------------------------------------------- registration
-    def register(self, caches: Mapping[str, torch.Tensor | Sequence[torch.Tensor]]) -> None:
-        """Take vLLM's buffers. Raises HybridStartupError for a layer missing or of an
-        unexpected shape, and for state pages whose bytes differ from the geometry's."""
-        bs = self.groups.block_size
+    def register(self, caches: Mapping[str, torch.Tensor], specs: Mapping[str, Any],
+                 backends: Mapping[str, str | None]) -> None:
+        """Take vLLM's buffers: ``caches`` as ``register_kv_caches`` receives them, ``specs``
+        each layer's KV cache spec (its group's), ``backends`` each attention layer's
+        backend name (None: unknown, read as ``[K | V]`` content). Raises
+        HybridStartupError for a layer missing or of an unexpected shape, and for state
+        pages whose bytes differ from the geometry's."""
         for g, name in self.groups.attention:
-            t = caches.get(name)
-            if not isinstance(t, torch.Tensor):
+            if name not in caches:
                 raise HybridStartupError(f"no paged KV tensor registered for {name}")
-            lay = kv_block_layout(t, self.num_blocks)
-            if t.shape[2] != bs:
-                raise HybridStartupError(f"{name}: block size {t.shape[2]}, expected {bs}")
-            self.kv.append((g, t, lay))
-        specs: list[TensorSpec] = []
+            view = kv_view(name, caches[name], specs[name], self.num_blocks, backends.get(name))
+            self.kv.append((g, view, "kv_first"))
+        tensors: list[TensorSpec] = []
         for g, name in self.groups.recurrent:
-            ts = caches.get(name)
-            if isinstance(ts, torch.Tensor) or not ts:
-                raise HybridStartupError(f"no state tensors registered for {name}")
-            ts = list(ts)
+            if name not in caches:
+                raise HybridStartupError(f"no state pages registered for {name}")
+            ts = state_views(name, caches[name], specs[name], self.num_blocks)
             i = layer_index(name)
             for j, t in enumerate(ts):
-                specs.append(TensorSpec(f"layers.{i}.s{j}", tuple(t.shape[1:]),
+                tensors.append(TensorSpec(f"layers.{i}.s{j}", tuple(t.shape[1:]),
                                         str(t.dtype).removeprefix("torch.")))
             self.states.append((g, ts))
-        if specs:
-            self.state_layout = PayloadLayout.of(ObjectKind.STATE, specs)
+        if tensors:
+            self.state_layout = PayloadLayout.of(ObjectKind.STATE, tensors)
             if self.state_layout.nbytes != self.geometry.state_bytes():
                 raise HybridStartupError(
                     f"vLLM's state pages hold {self.state_layout.nbytes} B, the geometry "

@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from vllm_support import BLOCK, allocate
+import vllm_buffers as vb
+from vllm_support import BACKEND, BLOCK, LAYOUT, allocate
 
 
 def _digest(h: bytes, tag: bytes, n: int) -> torch.Tensor:
@@ -47,15 +48,27 @@ class Req:
 
 
 class Runner:
-    """Executes scheduler outputs on paged buffers (see the module docstring)."""
+    """Executes scheduler outputs on paged buffers (see the module docstring): vLLM's own
+    allocation for ``backend`` in ``layout`` (``cfg`` planned under that layout), read and
+    written the way the backend and the Mamba layers read them (``kv[name]``: (K, V) of
+    ``[blocks, block_size, heads, head_size]``; ``states[name]``: the state tensors)."""
 
-    def __init__(self, cfg: Any, connector: Any | None, vocab: int = 128, rank: int = 0) -> None:
+    def __init__(self, cfg: Any, connector: Any | None, vocab: int = 128, rank: int = 0,
+                 backend: str = BACKEND, layout: str = LAYOUT) -> None:
         from vllm.v1.kv_cache_interface import MambaSpec
 
         self.cfg = cfg
-        self.bufs = allocate(cfg, seed=1)
+        self.bufs = allocate(cfg, seed=1, backend=backend, layout=layout)
+        specs = {n: g.kv_cache_spec for g in cfg.kv_cache_groups for n in g.layer_names}
+        self.kv = {n: vb.kv_planes(backend, t, specs[n].head_size) for n, t in self.bufs.items()
+                   if not isinstance(specs[n], MambaSpec)}
+        self.states = {n: vb.state_views(specs[n], t) for n, t in self.bufs.items()
+                       if isinstance(specs[n], MambaSpec)}
         self.connector = connector
         if connector is not None:
+            vc = getattr(connector, "_vllm_config", None)  # the model's layers register there
+            if vc is not None:
+                vb.bind_backend(vc, cfg, vb.backend_class(backend))
             connector.register_kv_caches(self.bufs)
         self.vocab = vocab
         self.rank = rank  # a TP rank's shard: its bytes differ from the other ranks'
@@ -82,17 +95,17 @@ class Runner:
     def _check(self, rid: str, r: Req) -> None:
         c = r.computed
         for g, name in self.attn:
-            cache = self.bufs[name]
+            k, v = self.kv[name]
             for t in range(c):
                 blk, slot = r.block_ids[g][t // BLOCK], t % BLOCK
-                want = self._kv(r, t, cache[:, 0, 0].shape, name)
-                if not torch.equal(cache[:, blk, slot], want):
+                want = self._kv(r, t, torch.Size((2, *k.shape[2:])), name)
+                if not torch.equal(torch.stack((k[blk, slot], v[blk, slot])), want):
                     self.bad.append(f"{rid}: KV of token {t} in {name}")
                     return
         if c:
             for g, name in self.mamba:
                 blk = r.block_ids[g][(c - 1) // BLOCK]
-                for j, ts in enumerate(self.bufs[name]):
+                for j, ts in enumerate(self.states[name]):
                     if not torch.equal(ts[blk], self._state(r, c, ts, name, j)):
                         self.bad.append(f"{rid}: state at {c} in {name}.s{j} (block {blk})")
                         return
@@ -101,14 +114,15 @@ class Runner:
     def _compute(self, r: Req, n: int) -> None:
         c = r.computed
         for g, name in self.attn:
-            cache = self.bufs[name]
+            k, v = self.kv[name]
             for t in range(c, c + n):
-                cache[:, r.block_ids[g][t // BLOCK], t % BLOCK] = self._kv(r, t, cache[:, 0, 0].shape, name)
+                blk, slot = r.block_ids[g][t // BLOCK], t % BLOCK
+                k[blk, slot], v[blk, slot] = self._kv(r, t, torch.Size((2, *k.shape[2:])), name)
         end = c + n
         self.computed_tokens += n
         for g, name in self.mamba:
             blk = r.block_ids[g][-(-end // BLOCK) - 1]
-            for j, ts in enumerate(self.bufs[name]):
+            for j, ts in enumerate(self.states[name]):
                 ts[blk] = self._state(r, end, ts, name, j)
         r.computed = end
 

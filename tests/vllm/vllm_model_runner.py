@@ -4,8 +4,8 @@ its KV and recurrent state from vLLM's paged buffers and writing them back, as v
 model runner does in align mode:
 
 * KV of token t of a request lives in slot ``t % block_size`` of block
-  ``block_ids[group][t // block_size]`` of each attention layer's ``[2, blocks, block, heads,
-  head]`` tensor;
+  ``block_ids[group][t // block_size]`` of each attention layer's K and V, read from vLLM's
+  own page views the way the backend reads them (``Runner.kv``);
 * the state after the step's last token goes to block ``cdiv(end, block_size) - 1`` of each
   Mamba/GDN layer (its ``[conv (kernel - 1, channels), recurrent]`` pages), and a step
   resumes from block ``(computed - 1) // block_size`` (what ``preprocess_mamba`` copies
@@ -67,17 +67,17 @@ class ModelRunner(Runner):
         parts = {}
         for g, name in self.attn:
             blocks, slots = self._slots(r, g, 0, c)
-            cache = self.bufs[name]
+            k, v = self.kv[name]
             i = _layer(name)
-            parts[f"layers.{i}.k"] = cache[0, blocks, slots]
-            parts[f"layers.{i}.v"] = cache[1, blocks, slots]
+            parts[f"layers.{i}.k"] = k[blocks, slots]
+            parts[f"layers.{i}.v"] = v[blocks, slots]
         return self.adapter.kv_layout(c).pack(parts)
 
     def _read_state(self, r: Req, c: int) -> torch.Tensor:
         parts = {}
         for g, name in self.mamba:
             blk = r.block_ids[g][(c - 1) // BLOCK]
-            conv, rec = self.bufs[name]
+            conv, rec = self.states[name]
             i = _layer(name)
             parts[f"layers.{i}.conv_state"] = conv[blk].t()
             parts[f"layers.{i}.recurrent_state"] = rec[blk]
@@ -88,12 +88,13 @@ class ModelRunner(Runner):
         for g, name in self.attn:
             blocks, slots = self._slots(r, g, c, end)
             i = _layer(name)
-            self.bufs[name][0, blocks, slots] = kv[f"layers.{i}.k"]
-            self.bufs[name][1, blocks, slots] = kv[f"layers.{i}.v"]
+            k, v = self.kv[name]
+            k[blocks, slots] = kv[f"layers.{i}.k"]
+            v[blocks, slots] = kv[f"layers.{i}.v"]
         st = self.adapter.state_layout.unpack(self.adapter.extract_state(mc))
         for g, name in self.mamba:
             blk = r.block_ids[g][-(-end // BLOCK) - 1]
-            conv, rec = self.bufs[name]
+            conv, rec = self.states[name]
             i = _layer(name)
             conv[blk] = st[f"layers.{i}.conv_state"].t()
             rec[blk] = st[f"layers.{i}.recurrent_state"]

@@ -1,9 +1,9 @@
 """A tiny hybrid model as vLLM 0.33.0 sees it, on CPU: a real ``VllmConfig`` (the model
 inspected by vLLM's registry from a local ``config.json``), the layers' KV cache specs as
 vLLM's own layers build them (state shapes from the model class), the ``KVCacheConfig``
-from vLLM's planner, and paged CPU buffers laid out as vLLM's GPU model runner lays them
-(``[2, blocks, block_size, heads, head_size]`` per attention layer, one padded page per
-block shared by a Mamba layer's state tensors)."""
+from vLLM's planner, and the paged CPU buffers vLLM's own ``allocate_kv_cache`` makes for
+it (``vllm_buffers``: per-layer ``[B, H, N, C]`` views of one allocation all groups
+alias)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch  # noqa: E402
 
 BLOCK = 32
-LAYOUT = "LBNHC"  # per-layer tensors, NHD inside a block (FlashAttention)
+BACKEND = "FLASH_ATTN"  # the attention backend the harness's buffers are laid out for
+LAYOUT = "LBNHC"  # the KVCacheLayout vLLM resolves for it (layer-outer, NHD inside a block)
 
 
 def tiny_nemotron_h(root: Path) -> Path:
@@ -71,10 +72,11 @@ MODELS = {"nemotron_h": tiny_nemotron_h, "qwen3_next": tiny_qwen3_next, "mamba2"
 
 def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
                 policy: str = "recompute", num_blocks: int = 64, max_len: int = 512,
-                retention: int | None = 0, tp: int = 1) -> Any:
+                retention: int | None = 0, tp: int = 1, layout: str = LAYOUT) -> Any:
     """``retention``: vLLM's ``prefix_cache_retention_interval`` (0, its default: only the
     "semantic" boundaries such as a prompt's end are kept and offered to connectors; N: also
-    every N tokens; None: every block boundary)."""
+    every N tokens; None: every block boundary). ``layout``: the ``KVCacheLayout`` the engine
+    core resolved (``vllm_buffers.hybrid_layouts`` lists those vLLM resolves per backend)."""
     from vllm.config import (
         CacheConfig,
         KVTransferConfig,
@@ -94,7 +96,7 @@ def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any
     mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
                      max_model_len=max_len)
     cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-    cc.kv_cache_layout = LAYOUT  # what the engine core resolves for FlashAttention
+    cc.kv_cache_layout = layout  # what the engine core resolved (LBNHC for FlashAttention)
     cc.num_gpu_blocks = num_blocks
     cc.prefix_cache_retention_interval = retention
     sc = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=max_len,
@@ -149,37 +151,9 @@ def kv_cache_config(vc: Any, num_blocks: int = 64) -> Any:
     return cfg
 
 
-def allocate(cfg: Any, seed: int = 0) -> dict[str, Any]:
-    """Paged buffers for ``cfg`` as vLLM's GPU model runner shapes them, filled with random
-    bytes: per attention layer ``[2, num_blocks, block_size, heads, head_size]``; per Mamba
-    layer a list of state tensors ``[num_blocks, *shape]``, views into one buffer whose block
-    stride is the padded page (the states of one block back to back)."""
-    from vllm.v1.kv_cache_interface import MambaSpec
+def allocate(cfg: Any, seed: int = 0, backend: str = BACKEND, layout: str = LAYOUT) -> dict[str, Any]:
+    """``register_kv_caches``'s argument for ``cfg`` as vLLM's GPU model runner makes it (its
+    own ``allocate_kv_cache``, on CPU; see ``vllm_buffers``), the backing bytes random."""
+    import vllm_buffers as vb
 
-    gen = torch.Generator().manual_seed(seed)
-    specs = {n: g.kv_cache_spec for g in cfg.kv_cache_groups for n in g.layer_names}
-    out: dict[str, Any] = {}
-    nb = cfg.num_blocks
-    for t in cfg.kv_cache_tensors:
-        raw = torch.randint(0, 256, (t.size,), dtype=torch.uint8, generator=gen)
-        for j, name in enumerate(t.layers):
-            spec = specs[name]
-            # layers listed together share the bytes (HMA), unless the planner packed them
-            # layer-major (``layer_stride``: a pure-SSM group's layers side by side)
-            base = t.offset + j * t.layer_stride
-            page = t.block_stride or spec.page_size_bytes
-            region = raw[base : base + nb * page]
-            if isinstance(spec, MambaSpec):
-                views, off = [], 0
-                for shape, dt in zip(spec.shapes, spec.dtypes, strict=True):
-                    n = torch.Size(shape).numel()
-                    # as_strided's offset counts from the start of the storage (raw's)
-                    views.append(torch.as_strided(raw.view(dt), (nb, *shape),
-                                                  (page // dt.itemsize, *torch.empty(shape).stride()),
-                                                  (base + off) // dt.itemsize))
-                    off += n * dt.itemsize
-                out[name] = views
-            else:
-                out[name] = region.view(spec.dtype).view(2, nb, spec.block_size, spec.num_kv_heads,
-                                                         spec.head_size)
-    return out
+    return vb.allocate(cfg, layout, vb.backend_class(backend), seed)

@@ -94,6 +94,35 @@ def status(pid: int, field: str) -> int:
     raise KeyError(field)
 
 
+def mappings(pid: int, top: int = 6) -> list[dict[str, Any]]:
+    """The ``top`` mappings of ``pid`` by resident size (``/proc/<pid>/smaps``): where the
+    memory is (the host slab, the heap, large anonymous allocations, libraries)."""
+    out: list[dict[str, Any]] = []
+    cur: dict[str, Any] = {}
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            cur = {"name": head[5] if len(head) > 5 else "[anon]",
+                   "size_MiB": round((hi - lo) / MiB, 1), "rss_MiB": 0.0}
+            out.append(cur)
+        elif head[0] == "Rss:":
+            cur["rss_MiB"] = round(int(head[1]) * KiB / MiB, 1)
+    return sorted(out, key=lambda m: -m["rss_MiB"])[:top]
+
+
+def pool_resident(pid: int, pool: int) -> int:
+    """Resident bytes of the host slab (``pool`` bytes): its own mapping's, or, where the
+    allocator placed it in ``[heap]`` (the server raises glibc's mmap threshold), the
+    heap's resident bytes up to ``pool``."""
+    maps = mappings(pid, 10_000)
+    own = [m for m in maps if 0 <= m["size_MiB"] * MiB - pool <= 8 * MiB]
+    if own:
+        return int(max(m["rss_MiB"] for m in own) * MiB)
+    heap = [m for m in maps if m["name"] == "[heap]" and m["size_MiB"] * MiB >= pool]
+    return int(min(pool, heap[0]["rss_MiB"] * MiB)) if heap else 0
+
+
 def settled_rss(pid: int, within: float = 60.0) -> int:
     """RSS once it stops growing (the pools' prefault done): < 2 MiB over 1 s."""
     last, deadline = status(pid, "VmRSS"), time.monotonic() + within
@@ -131,6 +160,7 @@ class Rss:
     def end(self) -> dict[str, Any]:
         p = self.peaks[self.current]
         p["VmHWM_MiB"] = round(status(self.pid, "VmHWM") / MiB, 1)
+        p["top_mappings"] = mappings(self.pid)
         self.current = "idle"
         p.pop("t0")
         return p
@@ -217,8 +247,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             s = cfg["server"]
             pool = size_of(cfg["max_local_cpu_size"])
             idle = settled_rss(ours.proc.pid)
-            # the pools are faulted in at start: the idle server's own memory is the rest
-            own = idle - pool if idle >= pool else idle
+            # the server faults its pools in at start: its own memory is the rest
+            resident = pool_resident(ours.proc.pid, pool)
+            own = idle - resident
+            out["pool_resident_at_idle_MiB"] = round(resident / MiB, 1)
             budget = {"host_pools_MiB": pool / MiB,
                       "max_inflight_MiB": size_of(s["max_inflight_bytes"]) / MiB,
                       "unauthenticated_MiB": s["max_unauthenticated"]

@@ -107,6 +107,7 @@ def test_fifo_swapped_in_under_an_indexed_object_is_a_miss(tmp_path: Path, kind:
     m = TierManager([tier])
     assert finishes(lambda: m.get([k]), release_fifo(fifo)) == [None]
     assert m.where([k]) == [None]  # unreadable: forgotten
+    m.close()
 
 
 # ------------------------------------------------------------------ item 17: crafted headers
@@ -168,6 +169,7 @@ def test_zstd_file_rewritten_with_absurd_sizes_is_a_miss(tmp_path: Path, damage:
     m = TierManager([tier])
     assert m.get([k]) == [None]
     assert m.where([k]) == [None]
+    m.close()
 
 
 # ------------------------------------------------------------------ item 19: refused removals
@@ -208,7 +210,7 @@ def test_remove_on_a_read_only_filesystem_reports_failure(ro_capable_tmpfs: Path
         m = TierManager([tier])
         more = [(make_key(i), make_payload(i)) for i in range(3, 6)]
         assert m.put(more) == [False] * 3  # ... so making room on a read-only tier ends
-        tier.close()  # a restart (one live store per directory) ...
+        m.close()  # and its tier: a restart (one live store per directory) ...
         t2 = NvmeTier(d, two)  # ... still finds what was never claimed gone
         assert set(t2.held_keys()) == {k1, k2}
     finally:

@@ -111,6 +111,27 @@ def mappings(pid: int, top: int = 6) -> list[dict[str, Any]]:
     return sorted(out, key=lambda m: -m["rss_MiB"])[:top]
 
 
+def rss_by_kind(pid: int, pool: int) -> dict[str, Any]:
+    """Resident MiB by kind of mapping: the host slab (its own mapping), ``[heap]``, glibc
+    thread arenas (anonymous mappings of up to 64 MiB, ``HEAP_MAX_SIZE``, over 8 MiB
+    resident), other anonymous memory, files (libraries)."""
+    out = {"slab": 0.0, "heap": 0.0, "arenas": 0.0, "arena_count": 0, "anon_other": 0.0,
+           "files": 0.0}
+    for m in mappings(pid, 100_000):
+        if 0 <= m["size_MiB"] * MiB - pool <= 8 * MiB:
+            out["slab"] += m["rss_MiB"]
+        elif m["name"] == "[heap]":
+            out["heap"] += m["rss_MiB"]
+        elif m["name"] == "[anon]" and m["rss_MiB"] > 8 and m["size_MiB"] <= 64:
+            out["arenas"] += m["rss_MiB"]
+            out["arena_count"] += 1
+        elif m["name"].startswith("["):
+            out["anon_other"] += m["rss_MiB"]
+        else:
+            out["files"] += m["rss_MiB"]
+    return {k: round(v, 1) for k, v in out.items()}
+
+
 def pool_resident(pid: int, pool: int) -> int:
     """Resident bytes of the host slab (``pool`` bytes): its own mapping's, or, where the
     allocator placed it in ``[heap]`` (the server raises glibc's mmap threshold), the
@@ -139,8 +160,8 @@ class Rss:
     """Samples the server's VmRSS every ``every`` s; ``phase(name)`` starts a new peak
     (and resets the kernel's ``VmHWM`` through ``clear_refs`` where allowed)."""
 
-    def __init__(self, pid: int, every: float = 0.2) -> None:
-        self.pid, self.every = pid, every
+    def __init__(self, pid: int, pool: int, every: float = 0.2) -> None:
+        self.pid, self.pool, self.every = pid, pool, every
         self.peaks: dict[str, dict[str, Any]] = {}
         self.current = "idle"
         self._stop = threading.Event()
@@ -161,6 +182,7 @@ class Rss:
         p = self.peaks[self.current]
         p["VmHWM_MiB"] = round(status(self.pid, "VmHWM") / MiB, 1)
         p["top_mappings"] = mappings(self.pid)
+        p["by_kind_MiB"] = rss_by_kind(self.pid, self.pool)  # after the phase: 0 in flight
         self.current = "idle"
         p.pop("t0")
         return p
@@ -262,7 +284,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             convs = load.populate(ours.url, 4, 2000, ADMIN) if args.lookup_clients else []
             out["conversations"] = convs
             clients = load.Clients(args.clients)
-            rss = Rss(ours.proc.pid)
+            rss = Rss(ours.proc.pid, pool)
+            out["idle_by_kind_MiB"] = rss_by_kind(ours.proc.pid, pool)
             out["server_before"] = server_figures(ours.url)
             out["rss_before_A_MiB"] = round(status(ours.proc.pid, "VmRSS") / MiB, 1)
             attack_cfg = {
@@ -328,6 +351,7 @@ def report(out: dict[str, Any], path: str) -> str:
     for ph, title in (("A", "A: honest load alone"), ("B", "B: same load under attack")):
         s = out[ph]
         lines.append(load.table(title, s))
+        lines.append(f"  server RSS after the phase by mapping (MiB): {s['rss']['by_kind_MiB']}")
         lines.append(f"  lookups: {s['hit_tokens']} hit tokens of {s['expected_tokens']} "
                      f"expected, short hits {s['short_hits']}; server RSS peak "
                      f"{s['rss']['peak_MiB']} MiB (VmHWM {s['rss']['VmHWM_MiB']} MiB) of "

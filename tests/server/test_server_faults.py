@@ -223,7 +223,8 @@ def test_tricklers_never_stall_others_and_are_cut_off(tmp_path: Path) -> None:
                 trips += 1
         for t in threads:
             t.join(15)
-        assert trips >= 50 and slowest < 0.5, (trips, slowest)
+        # a trip stalled by a trickler waits for its cut (>= 1 s); a busy host slows all trips
+        assert trips >= 10 and slowest < 0.9, (trips, slowest)
         assert 0.8 <= body_cut["cut"] <= 4.0, body_cut  # frame_timeout_s 1 s after the header
         assert 1.5 <= head_cut["cut"] <= 5.0, head_cut  # idle_timeout_s 2 s for a header
         with Raw(server.url) as r:
@@ -243,7 +244,9 @@ def test_a_trickler_announcing_the_whole_inflight_budget_does_not_block_others(
     from hybrid_connector.server.conn import CHUNK
 
     budget = 4 * CHUNK
-    with served(limited(tmp_path, max_inflight_bytes=budget, max_object_bytes=budget)) as server:
+    # frame_timeout_s 4 s: a put that waited for the trickler's cut is told from a slow one
+    with served(limited(tmp_path, max_inflight_bytes=budget, max_object_bytes=budget,
+                        frame_timeout_s=4.0)) as server:
         out: dict[str, float] = {}
         head = request(int(Command.PUT), budget, lm_key(8), (4, 6, budget, 0, 0, 0))
         t = threading.Thread(target=lambda: out.update(trickle(server.url, b"\x01" * budget,
@@ -257,7 +260,7 @@ def test_a_trickler_announcing_the_whole_inflight_budget_does_not_block_others(
             assert r.exist(lm_key(9))
             waited = time.monotonic() - t0
         t.join(10)
-        assert waited < 1.0 < out["cut"], (out, waited)
+        assert waited < 2.0 < out["cut"], (out, waited)
         healthy(server.url)
 
 
@@ -292,5 +295,5 @@ def test_stop_closes_idle_connections_at_once_and_quietly(
     assert all(r.closed_by_peer(1.0) for r in idle)
     for r in idle:
         r.close()
-    assert took < 2.0, took  # served() gives stop a grace of 5 s
+    assert took < 4.0, took  # served() gives stop a grace of 5 s
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text

@@ -28,9 +28,14 @@ YAML = "chunk_size: 64\nhash_block_size: 32\nalignment: 32\npools:\n  host: {kv:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+def root(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("vllm_buffers")
     (root / "hybrid.yaml").write_text(YAML)
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(root: Any) -> tuple[Any, Any]:
     return s.tiny_nemotron_h(root), root / "hybrid.yaml"
 
 
@@ -110,6 +115,15 @@ def test_kernel_block_split(model: tuple[Any, Any], layout: str) -> None:
     check_save_load(e)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_next", "mamba2"])
+@pytest.mark.parametrize("layout", ["LBNHC", "BLNHC"])
+def test_other_models(root: Any, arch: str, layout: str) -> None:
+    """Qwen3-Next (three GDN groups aliasing the attention group's allocation) and a pure
+    Mamba2 model, whose layers vLLM packs into one tensor: layer after layer (LBNHC) or
+    interleaved block by block (BLNHC: a block stride of two pages)."""
+    check_save_load(setup((s.MODELS[arch](root), root / "hybrid.yaml"), "FLASH_ATTN", layout))
+
+
 def check_save_load(e: dict[str, Any]) -> None:
     """Register ``e``'s buffers, save KV and states from some blocks and load them into
     others (see the module docstring)."""
@@ -121,14 +135,14 @@ def check_save_load(e: dict[str, Any]) -> None:
         groups = w.groups
         ng = groups.num_groups
         # vLLM's block pool gives each group its own blocks of the shared allocation
-        src = [(3, 9, 14), (4, 10, 15), (5, 11, 16)][:ng]
-        dst = [(17, 1, 12), (18, 2, 13), (19, 6, 20)][:ng]
-        src_ids = tuple(src[g] for g in range(ng))
-        dst_ids = tuple(dst[g] for g in range(ng))
+        perm = torch.randperm(w.num_blocks, generator=torch.Generator().manual_seed(1)).tolist()
+        assert 6 * ng <= w.num_blocks
+        src_ids = tuple(tuple(perm[6 * g : 6 * g + 3]) for g in range(ng))
+        dst_ids = tuple(tuple(perm[6 * g + 3 : 6 * g + 6]) for g in range(ng))
         raw = vb.backing(e["bufs"])
 
         # save: the KV of tokens [0, 80) and the state at 80 (block 2 of each Mamba group)
-        kv = kv_layout(w.geometry, n).unpack(w.gather_kv(src_ids, 0, n))
+        kv = kv_layout(w.geometry, n).unpack(w.gather_kv(src_ids, 0, n)) if groups.attention else {}
         for g, name in groups.attention:
             k, v = reads(e, e["bufs"], name)
             i = layer_index(name)
@@ -158,7 +172,8 @@ def check_save_load(e: dict[str, Any]) -> None:
             for ts, wts in zip(reads(e, e["bufs"], name), reads(e, want, name), strict=True):
                 wts[dst_ids[g][2]] = ts[src_ids[g][2]]
         assert not torch.equal(want_raw, raw)  # the load has bytes to write
-        w.scatter_kv(w.gather_kv(src_ids, 0, n), 0, dst_ids, 0, n)
+        if groups.attention:
+            w.scatter_kv(w.gather_kv(src_ids, 0, n), 0, dst_ids, 0, n)
         w.scatter_state(state, {g: dst_ids[g][2] for g in groups.recurrent_groups})
         diff = (raw != want_raw).nonzero().flatten()
         assert diff.numel() == 0, f"{diff.numel()} bytes differ, first at byte {int(diff[0])}"

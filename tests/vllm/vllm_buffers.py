@@ -135,6 +135,17 @@ def state_views(spec: Any, cache: torch.Tensor) -> list[torch.Tensor]:
     return list(layer.kv_cache)
 
 
+class StandInLayer:
+    """What the connector asks of a model's attention layer: its backend (picklable, so a
+    config carrying it still reaches a worker process)."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def get_attn_backend(self) -> Any:
+        return backend_class(self.backend)
+
+
 def bind_backend(vc: Any, cfg: Any, backend: Any) -> None:
     """Stand in for the model's attention layers in ``vc``'s static forward context (where
     a real engine registers them), so the connector finds each layer's backend there."""
@@ -144,4 +155,4 @@ def bind_backend(vc: Any, cfg: Any, backend: Any) -> None:
     for g in cfg.kv_cache_groups:
         if isinstance(g.kv_cache_spec, AttentionSpec):
             for name in g.layer_names:
-                ctx[name] = SimpleNamespace(get_attn_backend=lambda b=backend: b)
+                ctx[name] = StandInLayer(backend.get_name())

@@ -102,9 +102,8 @@ class HybridConfig(Strict):
     # a fixed alpha's score: Marconi's recency + alpha * efficiency ("sum") or the aging
     # recency * (1 + alpha * efficiency) ("product", policies.marconi.product_utility)
     marconi_score: Literal["sum", "product"] = "sum"
-    # alpha: auto's candidate alphas. Unset (default): each tuner's own grid (window: 0-2
-    # step 0.1; shadow: shadow_alphas, doubled past its top while that leads, up to 64).
-    # Set: both tuners try these alphas and no other (see _check_tuner_grid).
+    # auto alpha's candidates; unset: each tuner's own grid (window: 0-2 step 0.1; shadow:
+    # shadow_alphas, extended while its top leads); set: these alphas and no other
     alpha_grid: tuple[NonNegFinite, ...] | None = Field(None, strict=False)
     bootstrap_multiplier: int = Field(5, gt=0)
     retune_interval: int = Field(500, ge=0)
@@ -116,6 +115,9 @@ class HybridConfig(Strict):
                                                     strict=False)
     shadow_lru: bool = True  # offer LRU with whole-path refresh (SGLang-style) as a candidate
     shadow_z: float = Field(3.0, ge=0.0, allow_inf_nan=False)  # standard errors a switch needs
+    # ... in the first shadow_early_requests after the first eviction (lateness costs hits)
+    shadow_z_early: float = Field(1.5, ge=0.0, allow_inf_nan=False)
+    shadow_early_requests: int = Field(200, ge=0)
     shadow_start: NonNegFinite | Literal["lru"] = "lru"  # the candidate before any evidence
     # how candidates combine recency and FLOPs/byte: Marconi's sum, the aging product, or both
     shadow_score: Literal["sum", "product", "both"] = "both"

@@ -95,7 +95,8 @@ def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, o
     if start not in offered:
         offered = (*offered, start)
     opts: dict[str, object] = {"offered": offered, "start": start, "z": config.shadow_z,
-                               "background": background}
+                               "z_early": config.shadow_z_early,
+                               "early": config.shadow_early_requests, "background": background}
     if config.alpha_grid is not None:
         opts["max_alpha"] = max(config.alpha_grid)
     return opts

@@ -13,8 +13,9 @@ open is fixed here, and documented per argument:
 * A: every long prefix (uniform in ``long_tokens``) is used a Poisson(``reuses``) number of
   times (at least 2) at uniformly random points of the trace; the rest of the requests
   (``short_share`` of all) use a hot prefix.
-* B: ``long_entries`` long prefixes, each used once or, with ``repeat_prob``, twice (the
-  second use an exponential ``repeat_gap`` requests later); the same share of hot requests.
+* B: ``long_entries`` long prefixes, each used once or, with ``repeat_prob``, twice: the
+  second use is the first one's follow-up turn (its input and answer plus a fresh suffix,
+  an exponential ``repeat_gap`` requests later); the same share of hot requests.
 
 Arrivals are Poisson at ``rate``/s; both are pure functions of their arguments.
 """
@@ -33,16 +34,24 @@ def _hot(rng: np.random.Generator, n: int, tokens: tuple[int, int], zipf_a: floa
     return hot, pop / pop.sum()
 
 
-def _records(rng: np.random.Generator, slots: list[np.ndarray | None], hot: list[np.ndarray],
+def _records(rng: np.random.Generator, slots: list[np.ndarray | int | None], hot: list[np.ndarray],
              pop: np.ndarray, suffix: tuple[int, int], output: tuple[int, int], rate: float,
              vocab: int) -> list[Record]:
-    """One request per slot: the slot's long prefix, or (``None``) a hot one."""
+    """One request per slot: the slot's long prefix plus a fresh suffix, a hot prefix plus
+    one (``None``), or (an int) the follow-up turn of that earlier request: its input and
+    answer plus a fresh suffix."""
     out: list[Record] = []
     ts = 0.0
-    for i, long in enumerate(slots):
-        prefix = long if long is not None else hot[int(rng.choice(len(hot), p=pop))]
+    for i, slot in enumerate(slots):
+        sid, turn = f"blog-{i}", 0
+        if isinstance(slot, int):
+            first = out[slot]
+            sid, turn = first["session_id"], 1
+            prefix = np.concatenate([first["input_tokens"], first["output_tokens"]])
+        else:
+            prefix = slot if slot is not None else hot[int(rng.choice(len(hot), p=pop))]
         inp = np.concatenate([prefix, toks(rng, rng.integers(*suffix, endpoint=True), vocab)])
-        out.append({"session_id": f"blog-{i}", "turn_id": 0, "ts": float(ts), "input_tokens": inp,
+        out.append({"session_id": sid, "turn_id": turn, "ts": float(ts), "input_tokens": inp,
                     "output_tokens": toks(rng, rng.integers(*output, endpoint=True), vocab)})
         ts += rng.exponential(1.0 / rate)
     return out
@@ -70,7 +79,7 @@ def blog_agentic(
     rng = np.random.default_rng(seed)
     hot, pop = _hot(rng, hot_prefixes, hot_tokens, zipf_a, vocab)
     longs = [toks(rng, rng.integers(*long_tokens, endpoint=True), vocab) for _ in range(long_prefixes)]
-    uses: list[np.ndarray | None] = [
+    uses: list[np.ndarray | int | None] = [
         p for p in longs for _ in range(max(2, int(rng.poisson(reuses))))]
     n_short = int(round(len(uses) * short_share / (1 - short_share)))
     slots = uses + [None] * n_short
@@ -114,6 +123,15 @@ def blog_chat(
             keys.append((pos + 1 + float(rng.exponential(repeat_gap)), e))
     keys += [(float(rng.uniform(0, n_long + n_short)), -1) for _ in range(n_short)]
     keys.sort()
-    slots: list[np.ndarray | None] = [firsts[e] if e >= 0 else None for _, e in keys]
+    slots: list[np.ndarray | int | None] = []
+    first_at: dict[int, int] = {}
+    for _, e in keys:
+        if e < 0:
+            slots.append(None)
+        elif e in first_at:
+            slots.append(first_at[e])  # the follow-up of the entry's first request
+        else:
+            first_at[e] = len(slots)
+            slots.append(firsts[e])
     return finish(_records(rng, slots, hot, pop, suffix_tokens, output_tokens, rate, vocab),
                   as_arrays)

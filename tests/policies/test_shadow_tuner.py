@@ -53,10 +53,27 @@ def test_noise_alone_never_switches() -> None:
         twins.append(Scripted(c, lambda c: 10.0, noise=3.0))
         return twins[-1]
 
-    t = ShadowTuner(make, candidates((0.0, 0.5, 1.0, 2.0)), background=False)
+    # at the long-run threshold (the early one, tested below, may act on noise among ties)
+    t = ShadowTuner(make, candidates((0.0, 0.5, 1.0, 2.0)), z_early=3.0, background=False)
     t.start(0)
     assert _feed(t, 1500) == [] and t.current == LRU
     assert all(tw.steps == 1500 for tw in twins)
+
+
+def test_a_modest_gain_switches_early_at_the_lower_early_threshold() -> None:
+    """A gain of 0.3 per request under noise 3: the early threshold (z 1.5 for the first
+    200 requests after the first eviction, from the 4th block on) takes it; z 3 throughout
+    is still waiting after 200 requests."""
+    def make(c: Candidate) -> Scripted:
+        return Scripted(c, lambda c: 10.0 + 0.3 * (c.alpha == 2.0), noise=3.0)
+
+    early = ShadowTuner(make, candidates((0.0, 1.0, 2.0)), background=False)
+    early.start(0)
+    assert _feed(early, 200) == [Candidate(2.0)]
+    assert early.history[0].at_request >= 4 * early.block
+    late = ShadowTuner(make, candidates((0.0, 1.0, 2.0)), z_early=3.0, background=False)
+    late.start(0)
+    assert _feed(late, 200) == []
 
 
 def test_a_consistent_gain_switches_once_and_not_before_the_first_eviction() -> None:
@@ -79,7 +96,7 @@ def test_falls_back_to_lru_on_weaker_evidence_than_a_move_away_needs() -> None:
     lru.start(0)
     assert _feed(lru, 300) == [LRU]
     other = ShadowTuner(lambda c: Scripted(c, mean(Candidate(2.0))), candidates((1.0, 2.0)), z=4.0,
-                        z_fallback=1.0, start=Candidate(1.0), background=False)
+                        z_early=4.0, z_fallback=1.0, start=Candidate(1.0), background=False)
     other.start(0)
     assert _feed(other, 300) == []
 

@@ -9,8 +9,9 @@ and each child process gets ``GRACE_S`` seconds (``HC_TEST_LEFTOVER_GRACE_S``, 1
 test during which it first appeared and, for a thread, where it is now) and fails the run.
 
 ``LEFTOVER_OK`` names the threads and processes that are not ours to stop: ones a library
-starts once for the life of the process and stops itself at exit (multiprocessing's resource
-tracker and forkserver, which end when this process closes their pipe).
+starts once for the life of the process and stops itself at exit (tqdm's monitor thread, a
+daemon asleep in Python; multiprocessing's resource tracker and forkserver, which end when
+this process closes their pipe).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pytest
 
 # Threads/processes still finishing (a deadline-bound call, a server's exit) get this long.
 GRACE_S = float(os.environ.get("HC_TEST_LEFTOVER_GRACE_S", "10"))
-LEFTOVER_OK = re.compile(r"multiprocessing\.(resource_tracker|forkserver) import main")
+LEFTOVER_OK = re.compile(r"^tqdm_monitor$|multiprocessing\.(resource_tracker|forkserver) import main")
 
 # thread / (child pid, its start time) -> the test during which it first appeared
 _thread_origin: weakref.WeakKeyDictionary[threading.Thread, str] = weakref.WeakKeyDictionary()

@@ -131,6 +131,7 @@ class Ranks:
             self.recv(rank, "stopped")
         for p in self.procs:
             p.join(timeout=30)
+        self.index.close()  # its policy's tuner thread
 
 
 def test_tp_ranks_in_two_processes_follow_one_index(tmp_path: Path) -> None:

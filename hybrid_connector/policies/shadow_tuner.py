@@ -22,13 +22,13 @@ Contract:
   current candidate's score (3 and 1% by default: the test is repeated every check and
   over every candidate, so a lower bar would let noise through). Falling back to LRU
   (the baseline the tuner must not lose to, and a direction that converges, see below)
-  needs only ``z_fallback`` standard errors. No decision comes before ``MIN_BLOCKS``
-  blocks since ``start``; for the first ``early`` requests after it the first switch
-  needs only ``z_early`` (1.5; later ones ``z``: switching again among sum-score alphas
-  measured worse than staying, 0.423 vs 0.481 / 0.450 for 0.5 / 2 fixed): a switch converges within a few reuses but forfeits every hit before
-  it (measured on the blog agentic trace, 364 requests: LRU -> alpha 2 at request 50 /
-  100 / 150 ends at 0.349 / 0.302 / 0.289 token hit rate, 0.356 from the start), while a
-  wrong early choice among near-ties costs little and is undone by the fallback.
+  needs only ``z_fallback`` standard errors. From ``EARLY_MIN_BLOCKS`` blocks after
+  ``start`` until ``early`` requests after it, the first switch away needs only
+  ``z_early`` (1.5): a switch converges within a few reuses but forfeits every hit
+  before it (blog agentic trace, 364 requests: LRU -> alpha 2 at request 50 / 100 / 150
+  ends at 0.349 / 0.302 / 0.289 token hit rate, 0.356 from the start). Later switches
+  need ``z``: switching again among sum-score alphas measured worse than staying (blog
+  agentic, 626 requests: LRU -> 0.5 -> 2 at 70 / 110 ended at 0.423; 0.5 alone 0.461).
 * It starts at ``start`` (LRU by default, so before any evidence it is LRU). The policy
   is path dependent, which decides what the candidates are: with Marconi's *sum* score
   and alpha > 0 the top-efficiency node is never the minimum, so a switch to it keeps
@@ -63,9 +63,9 @@ import numpy as np
 from hybrid_connector.policies.tuning import LRU, Candidate, TunerRequest
 
 DEFAULT_ALPHAS: tuple[float, ...] = (0.0, 0.5, 2.0, 8.0, 32.0)
-# blocks of evidence since ``start`` before any decision: the standard error of 2-3 block
-# sums is itself too noisy to act on (measured: noise alone crossed z 3 at 3 blocks)
-MIN_BLOCKS = 4
+# blocks of evidence since ``start`` before ``z_early`` may apply: the standard error of
+# 2-3 block sums is itself noisy (measured: noise alone crossed z 1.5 at 3 blocks)
+EARLY_MIN_BLOCKS = 4
 
 
 class Shadow(Protocol):
@@ -222,9 +222,8 @@ class ShadowTuner:
             return
         assert self._started_at is not None
         since = self._seen - self._started_at
-        if since < MIN_BLOCKS * self.block:
-            return
-        early = since < self.early and not self.history  # only the first move away
+        # the low bar only for the first move away, and only on EARLY_MIN_BLOCKS blocks
+        early = EARLY_MIN_BLOCKS * self.block <= since < self.early and not self.history
         z = self.z_fallback if self.offered[best] == LRU else self.z_early if early else self.z
         gain, noise = self._paired(w[:, best] - w[:, cur], z)
         if gain > noise and gain > self.min_gain * max(sums[cur], 1e-12):

@@ -24,7 +24,11 @@ alignment whose attention page (block x one layer's KV bytes per token) holds on
 layer's state page: ``align * cdiv(state_page, align * kv_page_per_token)``, then rounded
 to every backend's alignment. On a GPU FlashAttention's alignment is 16
 (``flash_attn.py``: ``MultipleOf(16)``), which gives Qwen3.5-4B 528 and Nemotron-H-8B 1,040;
-at scale the alignment is ``round(16 / divisor)`` (1 at 16). vLLM's CPU backend aligns to
+at scale the alignment is ``round(16 / divisor)`` (1 at 16). (On Hopper with FlashInfer
+installed, vLLM's GDN prefill exports align-mode checkpoints on a 64-token grid
+(``qwen_gdn_linear_attn.py``, ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``), which makes
+Qwen3.5-4B's block 576: ``cache_figures(geom, 64)``; Mamba2 layers declare no grid.) vLLM's
+CPU backend aligns to
 32 (``cpu_attn.py``: ``MultipleOf(32)``), so a CPU engine rounds the scaled block up to a
 multiple of 32; :func:`cpu_exact_divisor` picks the divisor near a wanted one at which the
 real block over it is such a multiple (Qwen3.5-4B: 16.5 -> 32; Nemotron-H: 16.25 -> 64).

@@ -44,6 +44,8 @@ def test_real_figures_are_vllms(tmp_path: Path, preset: str) -> None:
     assert pages == (figs.state_page, figs.kv_page_per_token)
     assert hybrid_block_size(*pages, GPU_KERNEL_ALIGNMENT) == figs.block_size
     assert (figs.block_size, figs.kv_bytes_per_token, figs.state_bytes, figs.state_tokens) == REAL[preset]
+    if preset == "qwen3.5-4b":  # Hopper + FlashInfer GDN prefill: a 64-token checkpoint grid
+        assert cache_figures(real, 64).block_size == 576
 
 
 @pytest.mark.parametrize("divisor", [16, 8])

@@ -10,6 +10,7 @@ tiers (``policy_gaps.run_variant``). Prints, per trace, token hit rate and FLOPs
 LRU (path refresh), every fixed alpha of the shadow tuner's default grid in both scores,
 and auto (the shadow tuner, default config), the ratios auto / LRU and auto / best fixed,
 and when auto switched (request: alpha). ``--quick`` halves both traces and the budget.
+A complete run (no ``--only`` / ``--traces``) writes ``results/policy_blog[_quick].txt``.
 Criteria (the sweep's): auto >= 0.9 x best fixed, and auto >= LRU.
 """
 
@@ -85,8 +86,11 @@ def main() -> int:
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = list(pool.map(job, jobs))
-    print("\n".join(table(rows)))
-    print(f"{len(jobs)} simulations in {time.perf_counter() - t0:.0f}s")
+    text = "\n".join(table(rows)) + f"\n{len(jobs)} simulations in {time.perf_counter() - t0:.0f}s\n"
+    print(text, end="")
+    if not args.only and args.traces == ",".join(TRACES):  # a complete run: keep it
+        out = Path(__file__).resolve().parent / "results" / f"policy_blog{'_quick' if args.quick else ''}.txt"
+        out.write_text(text)
     return 0
 
 

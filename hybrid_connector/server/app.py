@@ -27,6 +27,7 @@ from hybrid_connector import assemble
 from hybrid_connector.config import HybridConfig
 from hybrid_connector.server.conn import Handler
 from hybrid_connector.server.http import app
+from hybrid_connector.server.memory import Trimmer
 from hybrid_connector.server.metrics import Metrics
 from hybrid_connector.server.reader import FrameProtocol
 from hybrid_connector.server.service import Service
@@ -62,12 +63,27 @@ class Server:
         self.service = _Service(config, self.store)
         self.metrics = Metrics(self.service.stats)
         self.handler = Handler(self.service, self.settings, self.metrics.observe)
-        self.service.net = self.handler.stats
+        slack = self.settings.malloc_slack_bytes
+        self.trimmer = Trimmer(int(slack)) if slack is not None else None
+        self.service.net = self._net_stats
+        self._trimming: asyncio.Task[None] | None = None
         self.port: int | None = None
         self.http_port: int | None = None
         self._tcp: asyncio.Server | None = None
         self._http: web.AppRunner | None = None
         self._stopped = asyncio.Event()
+
+    def _net_stats(self) -> dict[str, int]:
+        t = self.trimmer
+        trims = {"malloc_trims": t.trims, "malloc_trimmed_bytes": t.freed} if t else {}
+        return {**self.handler.stats(), **trims}
+
+    async def _trim_loop(self, trimmer: Trimmer) -> None:
+        """Every ``trim_interval_s``: trim the heap when due (see ``memory``)."""
+        while True:
+            await asyncio.sleep(self.settings.trim_interval_s)
+            if trimmer.due():
+                await self.handler.offload(trimmer.trim)
 
     @property
     def url(self) -> str:
@@ -83,6 +99,8 @@ class Server:
         self._tcp = await loop.create_server(lambda: FrameProtocol(self.handler, loop),
                                              s.host, s.port)
         self.port = self._tcp.sockets[0].getsockname()[1]
+        if self.trimmer is not None and self.trimmer.available:
+            self._trimming = asyncio.ensure_future(self._trim_loop(self.trimmer))
         if s.http_port is not None:
             tokens = [t for t in (s.token, s.admin_token) if t is not None]
             self._http = web.AppRunner(app(self.service.stats, self.metrics.registry,
@@ -100,6 +118,9 @@ class Server:
         self._stopped.set()
         if self._tcp is not None:
             self._tcp.close()
+        if self._trimming is not None:
+            self._trimming.cancel()
+            await asyncio.gather(self._trimming, return_exceptions=True)
         self.handler.close_idle()  # the others finish their frame within ``grace``
         tasks = list(self.handler.active)
         if tasks:

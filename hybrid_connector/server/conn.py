@@ -5,9 +5,10 @@ Each connection is a coroutine; cache work runs on the server's worker threads, 
 or hostile client holds only its own coroutine. A new connection passes ``Admission``
 (caps on connections). Per frame: the header must arrive within ``idle_timeout_s``, the
 body within ``frame_timeout_s`` plus its size at ``min_rate``, and the reply must drain
-within the same bound (a client that stops reading is cut off). Frame bodies wait for room
-under ``max_inflight_bytes`` before they are read, and so do replies before they are made
-(``Room``). With a token set, a connection must authenticate within ``auth_timeout_s``;
+within the same bound and make progress every ``stall_timeout_s`` (a client that stops
+reading is cut off, its unsent bytes dropped). Frame bodies wait for room under
+``max_inflight_bytes`` before they are read, and so do replies before they are made, within
+their peer address's share first (``Room``). With a token set, a connection must authenticate within ``auth_timeout_s``;
 before it has, only frames up to ``max_auth_frame_bytes`` are read, out of their own budget
 (``max_unauthenticated`` of them): a larger one is refused before its body. A header that does not
 parse, a wrong token, or a deadline missed closes the connection (after a reply where the
@@ -75,7 +76,7 @@ class Handler:
         self.gate = ByteGate(settings.max_inflight_bytes)
         # before AUTH: each of at most max_unauthenticated connections reads one small frame
         self.auth_gate = ByteGate(settings.max_unauthenticated * settings.max_auth_frame_bytes)
-        self.replies = Room(self.gate)
+        self.replies = Room(self.gate, settings.reply_share_bytes)
         self.admission = Admission(settings)
         self.counts: Counter[tuple[str, int]] = Counter()
         self.observe = observe
@@ -95,7 +96,8 @@ class Handler:
     def stats(self) -> dict[str, int]:
         """The connection layer's figures (``STATS``' ``server.net``)."""
         return {**self.admission.counts(), "inflight_bytes": self.gate.used,
-                "inflight_peak": self.gate.peak, "waiting_for_room": self.gate.waiting,
+                "inflight_peak": self.gate.peak,
+                "waiting_for_room": self.gate.waiting + self.replies.waiting,
                 "reply_bytes": self.replies.used, "reply_peak": self.replies.peak,
                 "auth_inflight_bytes": self.auth_gate.used,
                 "auth_inflight_peak": self.auth_gate.peak}
@@ -118,6 +120,7 @@ class Handler:
         task = asyncio.current_task()
         if task is not None:
             self.active[task] = writer
+        self.replies.join(link.peer)
         if not conn.authed:  # nothing but a small AUTH is read before it succeeds
             reader.spill_limit = self.s.max_auth_frame_bytes
         auth_by = asyncio.get_running_loop().time() + self.s.auth_timeout_s
@@ -132,6 +135,7 @@ class Handler:
             log.exception("connection handler failed")
         finally:
             self.admission.leave(link)
+            self.replies.leave(link.peer)
             if task is not None:
                 self.active.pop(task, None)
                 self.busy.discard(task)
@@ -161,7 +165,29 @@ class Handler:
             raise ConnectionResetError("connection closed before its reply")
         for p in parts:
             writer.write(p)
-        await asyncio.wait_for(writer.drain(), self._deadline(sum(len(p) for p in parts)))
+        await self._drain(writer, sum(len(p) for p in parts))
+
+    async def _drain(self, writer: asyncio.StreamWriter, nbytes: int) -> None:
+        """Wait until the transport took the reply (down to its high-water mark), within
+        the frame's deadline and with progress at least every ``stall_timeout_s``: a client
+        that reads slowly gets the long deadline, one that stopped reading is cut after the
+        short one. Cut means aborted, so its unsent bytes are freed at once (a plain close
+        would keep them until they drained)."""
+        loop = asyncio.get_running_loop()
+        stop = loop.time() + self._deadline(nbytes)
+        transport = writer.transport
+        left = transport.get_write_buffer_size()
+        while True:
+            try:
+                await asyncio.wait_for(writer.drain(),
+                                       max(0.0, min(self.s.stall_timeout_s, stop - loop.time())))
+                return
+            except TimeoutError:
+                now = transport.get_write_buffer_size()
+                if now >= left or loop.time() >= stop:
+                    transport.abort()
+                    raise
+                left = now
 
     async def _frame(self, conn: Conn, link: Link, reader: FrameProtocol,
                      writer: asyncio.StreamWriter) -> bool:
@@ -185,7 +211,7 @@ class Handler:
         task = asyncio.current_task()
         if task is not None:
             self.busy.add(task)
-        held, room = [0], self.replies.hold()
+        held, room = [0], self.replies.hold(self.replies.share_of(link.peer))
         later = False
         try:
             prefix = plain_head(h.key) if h.command == Command.PUT else 0
@@ -220,13 +246,14 @@ class Handler:
         return keep and not self.stopping
 
     def _reply_bound(self, conn: Conn, h: Header, body: Buffer) -> int:
-        """The most a large reply can be, reserved before it is made: a plain GET's
-        largest object, the sizes a LOAD's plan names; 0 for the others (small replies,
-        charged once made)."""
+        """The most a large reply can be, reserved before it is made: a plain GET's object
+        as stored now (at most ``max_object_bytes``; a miss: its small reply), the sizes a
+        LOAD's plan names; 0 for the others (small replies, charged once made)."""
         if not conn.authed:
             return 0
         if h.command == Command.GET and not h.is_ext:
-            return self.s.max_object_bytes + REPLY_BYTES
+            size = self.service.plain.size(h.key) if self.s.plain_lmcache else None
+            return min(self.s.max_object_bytes, size or 0) + REPLY_BYTES
         if h.is_ext and h.command == Ext.LOAD:
             with contextlib.suppress(FrameError):
                 message, _ = split_body(memoryview(body))  # type: ignore[arg-type]

@@ -149,6 +149,14 @@ class PlainObjects:
         self._remember(k, key)
         return found[1], found[2]
 
+    def size(self, key: str) -> int | None:
+        """Stored bytes of ``key``'s object (its header included: at least its body), None
+        when the store holds none. Read without the store's lock (one dict lookup, safe on
+        the event loop, never blocked behind a tier op): a hint that can be stale by one
+        concurrent PUT or drop, for a reply's room; the reply's real size corrects it."""
+        entry = self.store.ledger.entries.get(object_key(key))
+        return None if entry is None else int(entry.nbytes)
+
     def exists(self, key: str) -> bool:
         return self.store.where([object_key(key)])[0] is not None
 

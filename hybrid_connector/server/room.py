@@ -8,6 +8,12 @@ exists already). The room goes back once the reply has drained: the transport ho
 most its high-water mark of it then. A client that does not read therefore holds its one
 reply's room (its connection answers one frame at a time) until the drain deadline cuts
 it, and the next replies wait for room instead of piling up in memory.
+
+Each peer address has a share of the room (``reply_share``, ``max_reply_bytes_per_peer``):
+a reply first waits for room within its address's share, then in the whole room, so the
+replies one address does not read wait on their own and never take the room the other
+addresses need. A connection answers one frame at a time, so it holds at most one reply's
+room: its share is that one reply.
 """
 
 from __future__ import annotations
@@ -34,15 +40,43 @@ def load_bound(message: memoryview, limit: int) -> int:
 
 
 class Room:
-    """Reply bytes in flight over all connections (``used``, ``peak``) under ``gate``."""
+    """Reply bytes in flight over all connections (``used``, ``peak``) under ``gate``, and
+    per peer address under ``share`` bytes each (``join``/``leave``: its connections)."""
 
-    def __init__(self, gate: ByteGate) -> None:
+    def __init__(self, gate: ByteGate, share: int) -> None:
         self.gate = gate
+        self.share = share
         self.used = self.peak = 0
+        self._peers: dict[str, tuple[ByteGate, int]] = {}  # address -> (its share, conns)
 
-    def hold(self) -> Hold:
-        """One reply's room (none yet)."""
-        return Hold(self)
+    def join(self, peer: str) -> ByteGate:
+        """A connection from ``peer`` opened: its address's share (made on first use)."""
+        gate, n = self._peers.get(peer, (None, 0))
+        if gate is None:
+            gate = ByteGate(self.share)
+        self._peers[peer] = (gate, n + 1)
+        return gate
+
+    def leave(self, peer: str) -> None:
+        """A connection from ``peer`` closed (after its reply's room went back)."""
+        gate, n = self._peers[peer]
+        if n > 1:
+            self._peers[peer] = (gate, n - 1)
+        else:
+            del self._peers[peer]
+
+    def share_of(self, peer: str) -> ByteGate:
+        """The share of ``peer`` (one of its connections is open)."""
+        return self._peers[peer][0]
+
+    @property
+    def waiting(self) -> int:
+        """Replies waiting for room in their address's share."""
+        return sum(g.waiting for g, _ in self._peers.values())
+
+    def hold(self, share: ByteGate | None = None) -> Hold:
+        """One reply's room (none yet), within ``share`` when given."""
+        return Hold(self, share)
 
     def _add(self, n: int) -> None:
         self.used += n
@@ -53,28 +87,45 @@ class Hold:
     """The room one reply holds: ``reserve`` before making it, ``fit`` once made,
     ``release`` once drained (or the connection is gone)."""
 
-    def __init__(self, room: Room) -> None:
+    def __init__(self, room: Room, share: ByteGate | None = None) -> None:
         self.room = room
+        self.share = share
         self.n = 0
 
+    def _gates(self) -> list[ByteGate]:
+        return [self.room.gate] if self.share is None else [self.share, self.room.gate]
+
     async def reserve(self, n: int, timeout: float) -> None:
-        """Wait (at most ``timeout`` s: ``TimeoutError``) for ``n`` more bytes of room."""
+        """Wait (at most ``timeout`` s: ``TimeoutError``) for ``n`` more bytes of room:
+        first in the peer's share, then in the whole room."""
         if n > 0:
-            await asyncio.wait_for(self.room.gate.acquire(n), timeout)
+            await asyncio.wait_for(self._take(n), timeout)
             self.n += n
             self.room._add(n)
 
+    async def _take(self, n: int) -> None:
+        taken: list[ByteGate] = []
+        try:
+            for g in self._gates():
+                await g.acquire(n)
+                taken.append(g)
+        except BaseException:  # cancelled (deadline) or gone: give back what it took
+            for g in taken:
+                g.give(n)
+            raise
+
     async def fit(self, size: int) -> None:
         """The reply is ``size`` bytes: give back the rest, or take the excess at once."""
-        if size > self.n:
-            self.room.gate.charge(size - self.n)
-            self.room._add(size - self.n)
-        elif size < self.n:
-            await self.room.gate.release(self.n - size)
-            self.room.used -= self.n - size
+        for g in self._gates():
+            if size > self.n:
+                g.charge(size - self.n)
+            elif size < self.n:
+                g.give(self.n - size)
+        self.room._add(size - self.n)
         self.n = size
 
     async def release(self) -> None:
         n, self.n = self.n, 0
         self.room.used -= n
-        await self.room.gate.release(n)
+        for g in self._gates():
+            g.give(n)

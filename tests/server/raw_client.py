@@ -31,8 +31,12 @@ def lm_key(i: int, model: str = "faults") -> str:
 class Raw:
     """One socket; every method blocks at most ``timeout`` seconds."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection(host_port(url), timeout=timeout)
+    def __init__(self, url: str, timeout: float = 10.0, source: str | None = None) -> None:
+        """``source``: the local address to connect from (e.g. ``127.0.0.2``: another
+        peer address to the server)."""
+        self.sock = socket.create_connection(host_port(url), timeout=timeout,
+                                             source_address=None if source is None
+                                             else (source, 0))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def send(self, data: bytes) -> None:

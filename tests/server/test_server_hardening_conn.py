@@ -217,7 +217,7 @@ def test_replies_nobody_reads_stay_under_the_inflight_budget(tmp_path: Path) -> 
     the bytes counted stay within the budget."""
     size = 16 << 20
     cfg = config(tmp_path, max_inflight_bytes="32MiB", max_object_bytes="16MiB",
-                 max_frame_bytes="64MiB", frame_timeout_s=30.0)
+                 max_frame_bytes="64MiB", frame_timeout_s=30.0, stall_timeout_s=30.0)
     with served(cfg) as server:
         with Raw(server.url) as r:
             r.put(lm_key(1), payload(1, size))
@@ -231,8 +231,8 @@ def test_replies_nobody_reads_stay_under_the_inflight_budget(tmp_path: Path) -> 
                 s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
                 s.send(request(int(Command.GET), 0, lm_key(1)))
                 readers.append(s)
-            gate = server.handler.gate
-            wait_for(lambda: plain.gets - before > 2 or getattr(gate, "waiting", 0) >= 8, 20)
+            wait_for(lambda: plain.gets - before > 2
+                     or server.handler.stats()["waiting_for_room"] >= 8, 20)
             time.sleep(0.5)
             assert plain.gets - before <= 2, plain.gets - before  # replies made
             net = server.handler.stats()
@@ -307,3 +307,45 @@ def test_the_new_bounds_are_checked_at_load() -> None:
     s = ServerSettings.model_validate({})
     assert (s.max_auth_frame_bytes, s.auth_timeout_s, s.max_unauthenticated) == (64 << 10, 10.0, 64)
     assert (s.max_connections, s.max_connections_per_peer, s.admin_token) == (1024, 512, None)
+
+
+def test_slow_readers_from_one_address_do_not_stall_other_clients(tmp_path: Path) -> None:
+    """Recipe: one 12 MiB plain object; 8 connections from 127.0.0.1 GET it and never read
+    (a 4 KiB receive buffer), ``max_inflight_bytes`` 64 MiB, ``max_object_bytes`` 16 MiB.
+    Before, each GET reserved the largest object's room and an unread reply kept it for the
+    drain deadline (``frame_timeout_s`` 30 s plus its size at ``min_rate``), so four of them
+    held the whole budget and a client on another address waited that long for a 64 KiB
+    GET. Now a GET reserves its object's size, one peer address's replies wait within its
+    share (a quarter of the budget) and a reply that makes no progress for
+    ``stall_timeout_s`` is cut: the other client is answered at once and the stalled
+    connections are closed."""
+    big = 12 << 20
+    cfg = config(tmp_path, max_inflight_bytes="64MiB", max_object_bytes="16MiB",
+                 max_frame_bytes="64MiB", frame_timeout_s=30.0, stall_timeout_s=2.0)
+    with served(cfg) as server:
+        with Raw(server.url) as r:
+            r.put(lm_key(1), payload(1, big))
+            r.put(lm_key(2), payload(2))
+            assert r.exist(lm_key(1)) and r.exist(lm_key(2))
+        readers = []
+        try:
+            for _ in range(8):
+                s = Raw(server.url, timeout=30.0)
+                s.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.send(request(int(Command.GET), 0, lm_key(1)))
+                readers.append(s)
+            plain = server.service.plain
+            wait_for(lambda: plain.gets >= 1, 20)
+            with Raw(server.url, timeout=15.0, source="127.0.0.2") as other:
+                for _ in range(3):
+                    assert other.get(lm_key(2)) == payload(2)
+            net = server.handler.stats()
+            assert net["reply_peak"] <= (16 << 20) + (1 << 20), net  # one peer's share
+            # every stalled reply is cut (stall_timeout_s each, not 30 s): none left open
+            assert wait_for(lambda: server.handler.stats()["open"] == 0, 60), \
+                server.handler.stats()
+            assert plain.gets >= 8
+        finally:
+            for s in readers:
+                s.close()
+        assert wait_for(lambda: server.handler.stats()["reply_bytes"] == 0, 10)

@@ -16,6 +16,20 @@ from collections.abc import Sequence
 
 from hybrid_connector.config import ConfigError
 
+DESCRIPTION = """\
+A prefix cache and offload connector for hybrid LLMs (attention + Mamba/GDN layers):
+KV chunks and recurrent-state checkpoints in tiers (GPU, host RAM, NVMe, a remote store)."""
+
+EPILOG = """\
+examples:
+  hybrid-connector bench capacity                       # the main benchmark (CPU, minutes)
+  hybrid-connector demo                                 # a multi-turn trace through the cache
+  hybrid-connector inspect --config configs/vllm.yaml --model qwen3.5-4b
+  hybrid-connector server --config configs/server.yaml  # a cache server for several engines
+  hybrid-connector ping hc://127.0.0.1:65432
+
+'hybrid-connector COMMAND --help' describes one command's options."""
+
 # (module, parser hook) pairs; each hook registers one subcommand with ``func=run``.
 COMMANDS = (
     ("hybrid_connector.demo", "add_parser"),
@@ -34,9 +48,12 @@ class CommandLoadError(RuntimeError):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser; raises ``CommandLoadError`` naming the module that failed."""
-    parser = argparse.ArgumentParser(prog="hybrid-connector", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="hybrid-connector", description=DESCRIPTION,
+                                     epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands")
     for module, hook in COMMANDS:
         try:
             mod = importlib.import_module(module)

@@ -143,7 +143,7 @@ class HybridConfig(Strict):
     # eviction policy's merits_demotion agrees); value: it gives up the object losing the
     # least value per byte among its ``tier_value_window`` least recently used candidates
     # and demotes it only to a tier it loads from faster than it is recomputed (else drops
-    # it, or keeps only the shared copy). Default lru: see README "Eviction across tiers"
+    # it, or keeps only the shared copy). Default lru: see docs/policies.md, "Eviction across tiers"
     tier_eviction: Literal["lru", "value"] = "lru"
     tier_read_gbps: TierReadRates = TierReadRates()
     recompute_tflops: float = Field(445.0, gt=0.0, allow_inf_nan=False)  # effective prefill rate (989 TFLOP/s x MFU 0.45)

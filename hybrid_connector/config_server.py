@@ -36,8 +36,8 @@ class ServerSettings(_Section):
     ``auth_timeout_s``; at most ``max_unauthenticated`` wait at once. ``max_connections``
     (kept below the open-files limit) and ``max_connections_per_peer`` cap connections.
     ``admin_token``: when set, FLUSH needs it. HTTP listens on ``http_host`` (default
-    ``host``); ``http_auth`` makes /stats and /metrics need a bearer token. The README's
-    "Connection limits" table gives each key's default and meaning."""
+    ``host``); ``http_auth`` makes /stats and /metrics need a bearer token.
+    ``docs/configuration.md`` ("server:") gives each key's default and meaning."""
 
     host: str = "127.0.0.1"
     port: int = Field(DEFAULT_PORT, ge=0, le=65535)  # 0: any free port (printed at start)

@@ -1,6 +1,7 @@
 """One engine-neutral description of the bytes of every cached object, from the geometry.
 
-The cache stores three kinds of payloads (DESIGN.md, "The three objects"). This module says,
+The cache stores three kinds of payloads (KV chunks, state checkpoints, anchor blocks: the
+table in ``docs/index.md``). This module says,
 from the :class:`~hybrid_connector.model.ModelGeometry` alone, exactly which bytes each one
 holds, so every integration (transformers today, vLLM and SGLang next) packs the same bytes
 and the cache's size check (``Saver.expected_nbytes``) holds by construction:

@@ -3,7 +3,7 @@
 ``redis-cli --cluster create``, ready once every node reports ``cluster_state:ok`` and
 agrees on the slot map. Every process is killed on exit, also when start-up fails.
 
-``cluster-require-full-coverage no`` (as the README recommends for a cache): while one
+``cluster-require-full-coverage no`` (as docs/scale-out.md recommends for a cache): while one
 shard is down the others keep answering for their slots.
 """
 

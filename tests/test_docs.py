@@ -1,0 +1,111 @@
+"""The documentation: ``docs/`` builds with ``mkdocs build --strict`` (a broken link, a page
+missing from the nav or a missing figure fails it), every config key is in the reference
+with its default, the README stays a short front page whose links resolve inside the
+repository, and ``hybrid-connector --help`` is written for users."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from hybrid_connector.cli import COMMANDS, build_parser
+from hybrid_connector.config import HybridConfig
+from hybrid_connector.config_server import ClientSettings, ServerSettings
+from hybrid_connector.config_types import PoolBudget, TierReadRates
+
+ROOT = Path(__file__).resolve().parent.parent
+HAVE_MKDOCS = importlib.util.find_spec("mkdocs") is not None and \
+    importlib.util.find_spec("material") is not None
+needs_mkdocs = pytest.mark.skipif(not HAVE_MKDOCS, reason="mkdocs-material not installed")
+
+
+def mkdocs_build(cwd: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(site)], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+@needs_mkdocs
+def test_mkdocs_build_strict_passes(tmp_path: Path) -> None:
+    run = mkdocs_build(ROOT, tmp_path / "site")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert (tmp_path / "site" / "results" / "capacity.png").is_file()  # the hook's figures
+    assert "GPU proof" in (tmp_path / "site" / "gpu" / "index.html").read_text()
+
+
+@needs_mkdocs
+def test_mkdocs_strict_fails_on_a_broken_link(tmp_path: Path) -> None:
+    """The check above has teeth: the same site with one dead link does not build."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "docs", repo / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", repo / "mkdocs.yml")
+    (repo / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "mkdocs_hooks.py", repo / "scripts" / "mkdocs_hooks.py")
+    (repo / "benchmarks").mkdir()
+    (repo / "benchmarks" / "results").symlink_to(ROOT / "benchmarks" / "results")
+    shutil.copytree(ROOT / "benchmarks" / "gpu", repo / "benchmarks" / "gpu",
+                    ignore=shutil.ignore_patterns("*.py", "*.sh", "*.txt"))
+    assert mkdocs_build(repo, tmp_path / "ok").returncode == 0  # the copy builds as is
+    page = repo / "docs" / "vllm.md"
+    page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    run = mkdocs_build(repo, tmp_path / "broken")
+    assert run.returncode != 0
+    assert "no-such-page.md" in run.stdout + run.stderr
+
+
+def fields(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def test_every_config_key_is_in_the_reference() -> None:
+    ref = (ROOT / "docs" / "configuration.md").read_text()
+    keys = [*fields(HybridConfig), *fields(ServerSettings), *fields(ClientSettings),
+            *fields(PoolBudget), *fields(TierReadRates)]
+    missing = [k for k in keys if f"`{k}`" not in ref and f"`{k}:`" not in ref
+               and f".{k}`" not in ref and f"<{k}>" not in ref]
+    # pools.<tier>.<kind> names the Pools fields as tiers; TierReadRates' as its default
+    missing = [k for k in missing if k not in ("pools", "device", "host", "disk", "remote")
+               or k not in ref]
+    assert not missing, f"config keys not in docs/configuration.md: {missing}"
+
+
+def test_the_readme_is_short_and_its_links_resolve() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) < 12_000
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert targets
+    for target in targets:
+        assert "://" not in target, target
+        path, _, anchor = target.partition("#")
+        file = (ROOT / path).resolve()
+        assert file.is_relative_to(ROOT) and file.exists(), target
+        if anchor:
+            heads = re.findall(r"^#+ (.*)$", file.read_text(), re.M)
+            slugs = {re.sub(r"[^\w\- ]", "", h.lower()).strip().replace(" ", "-") for h in heads}
+            assert anchor in slugs, (target, sorted(slugs))
+
+
+def test_no_reference_leaves_the_repository() -> None:
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+                 ROOT / "hybrid_connector" / "layout.py"]:
+        text = page.read_text()
+        assert "../shared" not in text and "DESIGN.md" not in text, page
+
+
+def test_cli_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert "parser hook" not in out and "COMMANDS" not in out and "func=run" not in out
+    assert "examples:" in out and "hybrid-connector bench capacity" in out
+    names = re.findall(r"^    (\S+) +\S", out, re.M)
+    assert len(names) == len(COMMANDS), out  # one line, with its help, per subcommand

@@ -71,14 +71,15 @@ class ServerSettings(_Section):
     admin_token: str | None = Field(None, min_length=8)  # set: FLUSH needs it (as AUTH token)
     http_host: str | None = None  # None: ``host``
     http_auth: bool = False  # /stats and /metrics need ``Authorization: Bearer <token>``
-    # Replies: one peer address's share of the reply room (None: a quarter of
-    # max_inflight_bytes); a reply that makes no progress for stall_timeout_s is cut.
+    # Replies: one peer address's share of the reply room (None: half of
+    # max_inflight_bytes; every engine on a node shares one address, so it must hold their
+    # largest reply and more); a reply that makes no progress for stall_timeout_s is cut.
     max_reply_bytes_per_peer: Bytes | None = None
     stall_timeout_s: float = Field(5.0, gt=0.0, allow_inf_nan=False)
-    # Freed heap memory the process keeps (``server.memory``): once the resident size grew
-    # malloc_slack_bytes since the last trim, checked every trim_interval_s, it is returned
-    # (malloc_trim). None: never trimmed.
-    malloc_slack_bytes: Bytes | None = 256 << 20
+    # Freed heap memory the process keeps (``server.memory``): once the resident size is
+    # malloc_slack_bytes above the server's own memory plus the bytes in flight, checked
+    # every trim_interval_s, it is returned (malloc_trim). None: never trimmed.
+    malloc_slack_bytes: Bytes | None = 64 << 20
     trim_interval_s: float = Field(1.0, gt=0.0, allow_inf_nan=False)
 
     @model_validator(mode="after")
@@ -93,10 +94,10 @@ class ServerSettings(_Section):
 
     @property
     def reply_share_bytes(self) -> int:
-        """``max_reply_bytes_per_peer``, or a quarter of ``max_inflight_bytes``."""
+        """``max_reply_bytes_per_peer``, or half of ``max_inflight_bytes``."""
         if self.max_reply_bytes_per_peer is not None:
             return int(self.max_reply_bytes_per_peer)
-        return int(self.max_inflight_bytes) // 4
+        return int(self.max_inflight_bytes) // 2
 
     @property
     def lease_lifetime_s(self) -> float:

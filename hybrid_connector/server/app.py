@@ -80,10 +80,12 @@ class Server:
 
     async def _trim_loop(self, trimmer: Trimmer) -> None:
         """Every ``trim_interval_s``: trim the heap when due (see ``memory``)."""
+        h = self.handler
         while True:
             await asyncio.sleep(self.settings.trim_interval_s)
-            if trimmer.due():
-                await self.handler.offload(trimmer.trim)
+            in_use = h.gate.used + h.auth_gate.used
+            if trimmer.due(in_use):
+                await h.offload(trimmer.trim, in_use)
 
     @property
     def url(self) -> str:

@@ -7,11 +7,11 @@ server raises ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD`` so such buffers come
 heap and freed pages stay mapped (``keep_freed_memory``). Left alone, that keeps each
 glibc arena (one per worker thread, one for the event loop) at its own peak, and their sum
 exceeds ``max_inflight_bytes``. ``Trimmer`` bounds it: every ``trim_interval_s`` it reads
-the resident size and, once it grew ``malloc_slack_bytes`` past where the last trim left
-it, returns the arenas' free pages (``malloc_trim(0)``, off the event loop), so the
-resident size stays within the in-use bytes (host pools, ``max_inflight_bytes``, the
-unauthenticated budget) plus the slack plus what grew within one interval, and a steady
-load that reuses its buffers rarely pays the page faults. Not glibc (musl, macOS): nothing changes.
+the resident size and, once it is ``malloc_slack_bytes`` above the process's own memory
+plus the bytes in flight, returns the arenas' free pages (``malloc_trim(0)``, off the
+event loop), so the resident size stays within the in-use bytes (host pools,
+``max_inflight_bytes``, the unauthenticated budget) plus the slack plus what grew within
+one interval, and a steady load that reuses its buffers rarely pays the page faults. Not glibc (musl, macOS): nothing changes.
 """
 
 from __future__ import annotations
@@ -60,28 +60,32 @@ _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class Trimmer:
-    """Freed heap memory goes back to the system once the resident size grew ``slack``
-    bytes past where the last trim left it: trimming only then keeps a steady load's
-    buffers faulted in (a trim makes the next use of each freed page fault again).
+    """Freed heap memory goes back to the system once the resident size is more than
+    ``slack`` bytes above what is in use: the process's own memory (``base``: its resident
+    size at start, pools faulted in) plus the bytes in flight the caller counts. Trimming
+    only then keeps a steady load's buffers faulted in (a trim makes the next use of each
+    freed page fault again). What a trim cannot return is the process's own growth
+    (indexes, names): ``base`` rises to it, so it is not trimmed again for nothing.
     ``available``: False off glibc or without ``/proc`` (``due`` is always False then).
     ``trims``: how many times it trimmed; ``freed``: bytes the last trim gave back."""
 
     def __init__(self, slack: int) -> None:
         self.slack = slack
         self._trim: Any = getattr(_libc(), "malloc_trim", None)
-        self.mark = resident_bytes()  # the resident size after the last trim (or start)
-        self.available = self._trim is not None and self.mark > 0
+        self.base = resident_bytes()
+        self.available = self._trim is not None and self.base > 0
         self.trims = self.freed = 0
 
-    def due(self) -> bool:
-        return self.available and resident_bytes() > self.mark + self.slack
+    def due(self, in_use: int) -> bool:
+        return self.available and resident_bytes() > self.base + in_use + self.slack
 
-    def trim(self) -> None:
-        """``malloc_trim(0)`` over every arena (up to a second for a large heap: call it
-        off the event loop)."""
+    def trim(self, in_use: int) -> None:
+        """``malloc_trim(0)`` over every arena (milliseconds to a second for a large heap:
+        call it off the event loop); ``in_use``: the bytes in flight now."""
         if self.available:
             before = resident_bytes()
             self._trim(0)
-            self.mark = resident_bytes()
+            after = resident_bytes()
+            self.base = max(self.base, after - in_use)
             self.trims += 1
-            self.freed = max(0, before - self.mark)
+            self.freed = max(0, before - after)

@@ -316,7 +316,7 @@ def test_slow_readers_from_one_address_do_not_stall_other_clients(tmp_path: Path
     drain deadline (``frame_timeout_s`` 30 s plus its size at ``min_rate``), so four of them
     held the whole budget and a client on another address waited that long for a 64 KiB
     GET. Now a GET reserves its object's size, one peer address's replies wait within its
-    share (a quarter of the budget) and a reply that makes no progress for
+    share (half the budget: two of them) and a reply that makes no progress for
     ``stall_timeout_s`` is cut: the other client is answered at once and the stalled
     connections are closed."""
     big = 12 << 20
@@ -340,7 +340,7 @@ def test_slow_readers_from_one_address_do_not_stall_other_clients(tmp_path: Path
                 for _ in range(3):
                     assert other.get(lm_key(2)) == payload(2)
             net = server.handler.stats()
-            assert net["reply_peak"] <= (16 << 20) + (1 << 20), net  # one peer's share
+            assert net["reply_peak"] <= (32 << 20) + (1 << 20), net  # one peer's share
             # every stalled reply is cut (stall_timeout_s each, not 30 s): none left open
             assert wait_for(lambda: server.handler.stats()["open"] == 0, 60), \
                 server.handler.stats()

@@ -91,7 +91,9 @@ def test_partial_auth_frames_are_bounded_by_their_own_budget(tmp_path: Path) -> 
                 r = Raw(server.url)
                 stalled.append(r)
                 r.send(request(int(Ext.AUTH), 64 << 10) + b"\x00" * (60 << 10))
-            assert sum(r.closed_by_peer(within=0.5) for r in stalled) >= 24
+            # the oldest 24 are evicted as the later ones arrive: late on a loaded host
+            assert wait_for(lambda: sum(r.closed_by_peer(within=0.01) for r in stalled) >= 24,
+                            25.0)
             t0 = time.monotonic()
             assert admin.stats(server.url, TOKEN, timeout_s=10.0)["plain"] is not None
             assert time.monotonic() - t0 < 10.0

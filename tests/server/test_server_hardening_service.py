@@ -76,7 +76,8 @@ def test_models_are_capped_and_unused_empty_ones_are_freed(tmp_path: Path) -> No
     connections each HELLO a model of their own and stay open (cap 4, one place taken by
     a model holding objects). Before: every HELLO made an index that was never freed.
     After: an unused empty index is freed when a new model needs its place."""
-    with served(limited(tmp_path, max_models=4)) as server:
+    # idle_timeout_s 60: a held connection cut while idle on a loaded host frees its model
+    with served(limited(tmp_path, max_models=4, idle_timeout_s=60.0)) as server:
         models = server.service.models
         cfg = client_config(server.url, chunk_size=256)
         with Raw(server.url) as r:
@@ -170,7 +171,8 @@ def test_forged_load_sizes_are_the_clients_error_not_the_objects(tmp_path: Path)
 # ---------------------------------------------------------------- 7: leases
 def test_leases_per_session_are_capped(tmp_path: Path) -> None:
     """Recipe: one session ACQUIREs one plan 2,000 times. Before: all 2,000 were held."""
-    with served(limited(tmp_path, max_leases_per_session=8)) as server:
+    # lease_timeout_s 600: none expires during 2,000 ACQUIREs on a loaded host
+    with served(limited(tmp_path, max_leases_per_session=8, lease_timeout_s=600.0)) as server:
         cfg = client_config(server.url, chunk_size=256)
         writer = ServerCache(cfg, GEO)
         save_conversation(writer, prompt_of(3))
@@ -190,10 +192,11 @@ def test_leases_per_session_are_capped(tmp_path: Path) -> None:
 
 
 def test_leases_expire_while_the_session_keeps_its_connection_alive(tmp_path: Path) -> None:
-    """Recipe: one session ACQUIREs a plan five times, then sends STATS every 0.3 s (past
-    ``idle_timeout_s``) and never RELEASEs. Before: the leases lived as long as the
-    connection. The wait is generous: expiry only has to happen, not on time."""
-    with served(limited(tmp_path, lease_timeout_s=1.0)) as server:
+    """Recipe: one session ACQUIREs a plan five times, then sends STATS every 0.3 s and
+    never RELEASEs. Before: the leases lived as long as the connection. The wait is
+    generous: expiry only has to happen, not on time; the lifetime (5 s) outlasts the five
+    ACQUIREs on a loaded host, and ``idle_timeout_s`` (60 s) never cuts the connection."""
+    with served(limited(tmp_path, lease_timeout_s=5.0, idle_timeout_s=60.0)) as server:
         cfg = client_config(server.url, chunk_size=256)
         writer = ServerCache(cfg, GEO)
         save_conversation(writer, prompt_of(4))
@@ -226,7 +229,7 @@ def test_one_session_cannot_pin_a_whole_budget(tmp_path: Path) -> None:
     ACQUIREs each one's plan (and holds them); another client then saves a fifth.
     Before: the fifth's state was refused ``no_room``: every state was pinned."""
     pools = {"host": {"kv": "64MiB", "state": "80MiB", "anchor": "8MiB"}}
-    cfgd = limited(tmp_path, pools=pools)
+    cfgd = limited(tmp_path, pools=pools, lease_timeout_s=600.0)  # held throughout
     with served(cfgd) as server:
         cfg = client_config(server.url, chunk_size=256)
         writer = ServerCache(cfg, GEO)

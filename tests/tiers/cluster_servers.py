@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from tier_servers import _missing, _stop, _wait_port, free_port
+from tier_servers import _missing, _stop, _wait_port, free_port, hang
 
 
 def cluster_binaries() -> tuple[str, str]:
@@ -83,8 +83,8 @@ class Cluster:
 
     def stop(self, port: int) -> None:
         """SIGSTOP one node: it hangs with its sockets open (accepts, never answers), as a
-        node that stalls or sits behind a dropped link."""
-        self.procs[port].send_signal(signal.SIGSTOP)
+        node that stalls or sits behind a dropped link. Returns once it is stopped."""
+        hang(self.procs[port].pid)
         self.stopped.add(port)
 
     def ok(self, ports: list[int] | None = None) -> bool:

@@ -22,7 +22,7 @@ import psutil
 import pytest
 import torch
 from tier_helpers import make_key, make_payload, same_bits
-from tier_servers import run_lmcache, run_redis
+from tier_servers import hang, run_lmcache, run_redis
 
 from hybrid_connector import assemble
 from hybrid_connector.config import load_config
@@ -43,11 +43,14 @@ HEALTHY_S = 60.0  # generous: a busy 2-core machine
 
 @contextmanager
 def stopped(url: str) -> Iterator[None]:
-    """The server we started at ``url`` SIGSTOPped (it accepts, never answers) until exit."""
+    """The server we started at ``url`` SIGSTOPped (it accepts, never answers) until exit;
+    entered once every thread of it is stopped (``hang``): right after ``kill`` its
+    threads may still answer (seen on a loaded host: ``healthy()`` was True)."""
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     pid = next(p.pid for p in psutil.Process().children(recursive=True)
-               if any(c.laddr.port == port for c in p.net_connections("tcp")))
-    os.kill(pid, signal.SIGSTOP)
+               if any(c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                      for c in p.net_connections("tcp")))
+    hang(pid)
     try:
         yield
     finally:

@@ -202,9 +202,10 @@ def test_a_client_created_while_a_master_hangs_finds_the_cluster_every_time(tmp_
     every fresh client answers ``healthy()`` through the nodes that answer, each time.
     redis-py 8 shuffles the startup nodes it asks for the slot map, so a hung node listed
     among them was asked first by about one fresh client in three, which then spent its
-    whole first call on it. The deadline is generous: 20 times the slowest fresh
-    client's ``healthy()`` measured on this host before any node hangs (2 s at least);
-    only a call that waits on the hung node runs past it."""
+    whole first call on it. A call that waits on the hung node fails at any deadline (it
+    never answers), so the deadline only has to cover a loaded host: 20 times the slowest
+    fresh client's ``healthy()`` measured here before any node hangs, and 10 s at least
+    (2 s was exceeded at load 15 on 2 cores, the library then asking only live nodes)."""
     import signal
 
     outcomes: list[tuple[int, bool]] = []
@@ -218,7 +219,7 @@ def test_a_client_created_while_a_master_hangs_finds_the_cluster_every_time(tmp_
                 slowest = max(slowest, time.monotonic() - t0)
             finally:
                 t.close()
-        deadline = max(2.0, 20 * slowest)
+        deadline = max(10.0, 20 * slowest)
         for victim in list(c.masters()):
             c.stop(victim)
             try:

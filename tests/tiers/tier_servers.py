@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +40,26 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float, log: Pa
         except OSError:
             time.sleep(0.05)
     raise RuntimeError(f"server did not listen on {port} within {timeout}s: {log.read_text()[-2000:]}")
+
+
+def hang(pid: int, timeout: float = 60.0) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads is stopped (state ``T``
+    in ``/proc/<pid>/task/*/stat``). ``kill`` returns once the signal is pending: one thread
+    is woken to start the group stop, and until it is scheduled (seconds on a loaded host)
+    the others still run and may answer a request sent meanwhile."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:  # the state follows the parenthesised command name, which may hold spaces
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # a thread that exited meanwhile
+        if states and all(st in ("T", "t") for st in states):
+            return
+        assert time.monotonic() < deadline, f"pid {pid} not stopped within {timeout}s: {states}"
+        time.sleep(0.01)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

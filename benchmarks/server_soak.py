@@ -73,7 +73,7 @@ def soak_config(workdir: Path, plain_n: int, quick: bool) -> dict[str, Any]:
         "max_object_bytes": f"{32 if quick else 64}MiB", "idle_timeout_s": 60.0,
         "max_auth_frame_bytes": "64KiB", "auth_timeout_s": 3.0, "max_unauthenticated": 32,
         "max_connections": 512, "max_connections_per_peer": 128,
-        "max_models": 16, "lease_timeout_s": 5.0, "max_leases_per_session": 64,
+        "max_models": 16, "lease_timeout_s": 30.0, "max_leases_per_session": 64,
         "max_pinned_fraction": 0.5,
     }
     return cfg

@@ -134,7 +134,7 @@ class BigAuth(Attack):
             self.c["frames"] += 1
             self.c["bytes_sent"] += out["sent"]
             self.c["max_sent_one"] = max(self.c["max_sent_one"], out["sent"])
-            self.c["closed_by_server"] += r.closed_by_peer(within=5.0)
+            self.c["closed_by_server"] += r.closed_by_peer(within=30.0)
         self.wait(0.2)
 
 

@@ -83,6 +83,7 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
             self.worker = WorkerSide(self.geometry, self.groups, RankWorker(rank, Executor(tiers)),
                                      kv_cache_config.num_blocks)
         self._recving: set[str] = set()
+        self._sending: set[str] = set()  # finished requests whose tail saves were copied
         self._failed: set[str] = set()
         self._inventory_sent = False
         self._load_reports: list[tuple[int, LoadReport]] = []
@@ -122,12 +123,14 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         assert self.worker is not None
-        for job in self._meta().saves:
+        meta = self._meta()
+        for job in meta.saves:
             self.worker.save(job)
+        self._sending.update(meta.hold)  # copied out: vLLM may free those blocks now
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         res = self.get_transfer_results(finished_req_ids)
-        return None, res.finished_recving or None
+        return res.finished_sending or None, res.finished_recving or None
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         """Loads done this step; a failed one is named in ``failed_recving`` (vLLM refuses
@@ -135,7 +138,9 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         across groups) and, with ``kv_load_failure_policy=recompute``, recomputed."""
         done, self._recving = self._recving, set()
         failed, self._failed = self._failed, set()
-        return KVConnectorTransferResults(finished_recving=done, failed_recving=failed)
+        sent, self._sending = self._sending, set()
+        return KVConnectorTransferResults(finished_sending=sent, finished_recving=done,
+                                          failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return set()  # failures go by request (get_transfer_results)
@@ -176,8 +181,18 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished_all_groups(self, request: Any, block_ids: tuple[list[int], ...]
                                     ) -> tuple[bool, dict[str, Any] | None]:
         assert self.sched is not None
-        self.sched.finished(request)
-        return False, None  # saves were copied out of the blocks in their own step
+        # other saves were copied out of the blocks in their own step; the end-of-request
+        # tail is copied in the next one, so vLLM keeps the blocks until finished_sending
+        return self.sched.finished(request, tuple(tuple(x) for x in block_ids)), None
+
+    def register_finished_partial_tail(self, request: Any, block_ids: tuple[list[int], ...],
+                                       partial_tail_offloads: list[tuple[int, int, int]]) -> bool:
+        """vLLM's exact blocks for the state at the request's last token (when its own cache
+        keyed a partial tail there): recorded for ``request_finished_all_groups``, which
+        vLLM calls next and which returns whether the blocks are held for the copy."""
+        assert self.sched is not None
+        self.sched.partial_tail(request, partial_tail_offloads)
+        return False
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int
                                        ) -> dict[CacheHitSource, int]:

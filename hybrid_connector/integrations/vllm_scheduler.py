@@ -2,15 +2,22 @@
 process, answering vLLM's hit queries under the hit rule and turning vLLM's steps into
 load and save jobs for the TP workers (``RankGather`` merges their reports).
 
-Hits (``match``): exact only (stock vLLM cannot replay anchors), a multiple of the block
-size (align mode keeps states at block boundaries only), below the request's token count
+Hits (``match``): exact only (stock vLLM cannot replay anchors), at a block boundary or at
+a saved end-of-request state (below), below the request's token count
 (vLLM recomputes the last token), deeper than the engine's own hit; reported as async so
 the state lands in its block before ``preprocess_mamba`` copies it to the running block.
 Saves (``saves_for``): KV chunks on the ``chunk_size`` grid (cut at kept checkpoints) as
 their tokens are computed, and states only at the boundaries vLLM offers
 (``boundary_state_offloads``, exact block ids), of which admission keeps the branch points
 it wants and the last boundary of the prompt. The workers copy both out of the blocks in
-``wait_for_save`` of the same step, so vLLM never has to hold blocks for a save.
+``wait_for_save`` of the same step, so vLLM never has to hold blocks for a save, except for
+one: the exact end-of-request state (``finish_tail``, Marconi's input+output checkpoint).
+When a request of a recurrent model finishes at a position N inside a block, its state at N
+sits in its Mamba block ``(N - 1) // block_size`` (align mode's running block), where vLLM's
+``preprocess_mamba`` also reads a hit of N tokens from; KV of ``[.., N)`` and that state are
+saved in the next step (vLLM keeps the blocks: ``request_finished`` returns True, the
+workers report the request in ``finished_sending`` once copied), and a later request
+sharing those N tokens hits at N exactly, not at the block below.
 """
 
 from __future__ import annotations
@@ -74,6 +81,9 @@ class SchedulerSide:
         self.groups = groups
         self.bs = groups.block_size
         self.hash_block = hash_block_size
+        # a recurrent model's hits land on saved states, which sit at block boundaries or at
+        # an end-of-request tail (any position); KV-only hits stay on the block grid
+        self.hit_align = 1 if groups.recurrent else self.bs
         self.index: CacheIndex = assemble.index(config, geometry, Backend(tier_specs(config)),
                                                 layout=dict(layout))
         self.gather = RankGather(self.index, world_size)
@@ -92,6 +102,8 @@ class SchedulerSide:
         self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
         self.sources: dict[str, dict[Any, int]] = {}  # request -> external tokens by tier
         self._adopted = False
+        self._tail_blocks: dict[str, dict[int, int]] = {}  # vLLM's partial-tail sources
+        self._finish_saves: list[SaveJob] = []  # end-of-request tails for the next step
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
@@ -109,7 +121,7 @@ class SchedulerSide:
             self._discovered.add(rid)  # once per request: a lookup may be repeated
             self.index.discover(toks, EngineHashes(self.hash_block, list(request.block_hashes), toks),
                                 alignment=self.bs)
-        plan = self.index.lookup(toks, alignment=self.bs, replay=False)
+        plan = self.index.lookup(toks, alignment=self.hit_align, replay=False)
         if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
             return 0, False
         self._hits[rid] = (plan, num_computed)
@@ -124,7 +136,8 @@ class SchedulerSide:
         end = local + num_external
         toks = self.tokens(request)
         if end != plan.num_tokens:  # vLLM took less: the state must sit exactly at end
-            plan = self.index.lookup_at(toks, end, alignment=self.bs) if end % self.bs == 0 else plan
+            plan = self.index.lookup_at(toks, end, alignment=self.hit_align) \
+                if end % self.hit_align == 0 else plan
         lease = self.index.acquire(plan) if plan.num_tokens == end else None
         self.index.record_lookup(plan)
         job = next(self._jobs)
@@ -175,27 +188,79 @@ class SchedulerSide:
         specs += [ObjectSpec(ObjectKind.STATE, q, q, sb) for q in states if q >= kv_from]
         if not specs:
             return None
-        hashes = EngineHashes(self.hash_block, list(request.block_hashes), toks)
-        ticket = self.index.begin_save(toks, specs, hashes=hashes)
         self._kv_saved[rid] = max(kv_from, kv_to)
         self._states_saved[rid].update(states)
+        return self._job(request, toks, specs, block_ids,
+                         {q: dict(self._offers[rid][q]) for q in states})
+
+    def _job(self, request: Any, toks: np.ndarray, specs: list[ObjectSpec], block_ids: BlockIds,
+             state_blocks: Mapping[int, Mapping[int, int]]) -> SaveJob | None:
+        """Begin saving ``specs`` (a state at q copied from ``state_blocks[q]``: group ->
+        block); None when the index wants none of them."""
+        hashes = EngineHashes(self.hash_block, list(request.block_hashes), toks)
+        ticket = self.index.begin_save(toks, specs, hashes=hashes)
         objects = []
         for key, sp in zip(ticket.keys, specs, strict=True):
             if key is None:
                 continue
-            blocks = tuple(self._offers[rid][sp.end].items()) if sp.kind is ObjectKind.STATE else ()
+            blocks = tuple(state_blocks[sp.end].items()) if sp.kind is ObjectKind.STATE else ()
             objects.append(SaveObject(key, sp.kind, sp.start, sp.end, blocks))
             self.stats.saved_objects[sp.kind.value] += 1
         if not ticket.ops:
             self.gather.forget_ticket(ticket.id)
             return None
         self._open[ticket.id] = set(range(len(ticket.ops)))
-        return SaveJob(rid, self.gather.expect(ticket), tuple(objects), block_ids)
+        return SaveJob(request.request_id, self.gather.expect(ticket), tuple(objects), block_ids)
+
+    def partial_tail(self, request: Any, offloads: list[tuple[int, int, int]]) -> None:
+        """vLLM's ``register_finished_partial_tail``: the exact blocks holding the state at
+        the request's last computed token (its own bookkeeping, when it keyed a partial
+        tail there); ``finish_tail`` copies the state from them."""
+        n = request.num_computed_tokens
+        got = {int(g): int(b) for g, b, q in offloads if q == n and g in self.groups.recurrent_groups}
+        if got:
+            self._tail_blocks[request.request_id] = got
+
+    def finish_tail(self, request: Any, block_ids: BlockIds) -> bool:
+        """Queue the save of the exact end-of-request state (module docstring) and the KV
+        below it; True when one was queued (vLLM must keep the blocks until the workers
+        report the request in ``finished_sending``). Nothing for a model without recurrent
+        groups, a request with tokens in flight or preempted to zero, a tail on a block
+        boundary (vLLM offers those) or already saved, and generated tokens unless
+        ``save_decode_cache``."""
+        rid = request.request_id
+        n = request.num_computed_tokens
+        vllm_blocks = self._tail_blocks.pop(rid, None)
+        cap = n if self.config.save_decode_cache else min(n, request.num_prompt_tokens)
+        if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
+                or n in self._states_saved.get(rid, set()) or rid not in self._requests):
+            return False
+        if vllm_blocks is None and n % self.bs == 0:
+            return False
+        idx = (n - 1) // self.bs
+        blocks = vllm_blocks or {g: block_ids[g][idx] for g in self.groups.recurrent_groups
+                                 if idx < len(block_ids[g]) and block_ids[g][idx]}
+        if len(blocks) != len(self.groups.recurrent_groups):
+            return False  # a block already gone (null): nothing exact to copy
+        toks = self.tokens(request)[:n]
+        kv_from = self._kv_saved.get(rid, 0)
+        specs: list[ObjectSpec] = []
+        kvb = self.index.geometry.kv_bytes_per_token()
+        if kvb and n > kv_from:
+            specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
+                      for s, e in cut_chunks(kv_from, n, self.config.chunk_size)]
+        specs.append(ObjectSpec(ObjectKind.STATE, n, n, self.index.geometry.state_bytes()))
+        job = self._job(request, toks, specs, block_ids, {n: blocks})
+        if job is None:
+            return False
+        self._finish_saves.append(job)
+        return True
 
     def build_meta(self, scheduler_output: Any) -> HybridConnectorMetadata:
         """vLLM's ``build_connector_meta``: this step's loads, saves and pending ops."""
-        meta = HybridConnectorMetadata(loads=self._loads)
-        self._loads = []
+        meta = HybridConnectorMetadata(loads=self._loads, saves=self._finish_saves,
+                                       hold=[j.req_id for j in self._finish_saves])
+        self._loads, self._finish_saves = [], []
         bstate = scheduler_output.kv_connector_block_state
         for rid, offers in (bstate.boundary_state_offloads if bstate else {}).items():
             for g, block_id, q in offers:
@@ -256,14 +321,18 @@ class SchedulerSide:
             if got is not None:
                 self.stats.restored, self._adopted = dict(got.indexed), True
 
-    def finished(self, request: Any) -> None:
-        """vLLM's ``request_finished``: forget the request (its saves are copied already)."""
+    def finished(self, request: Any, block_ids: BlockIds = ()) -> bool:
+        """vLLM's ``request_finished``: queue its end-of-request tail (``finish_tail``), then
+        forget the request (its other saves are copied already). True: keep its blocks."""
         rid = request.request_id
+        held = self.finish_tail(request, block_ids) if block_ids else False
+        self._tail_blocks.pop(rid, None)
         self._discovered.discard(rid)
         for d in (self._requests, self._hits, self._kv_saved, self._states_saved, self._offers,
                   self.sources):
             d.pop(rid, None)
         self.index.finish(self.tokens(request), request.num_prompt_tokens)
+        return held
 
     def close(self) -> None:
         self.index.close()

@@ -169,7 +169,10 @@ class WorkerSide:
                     if a < b:
                         self.scatter_kv(data, key.start, job.block_ids, a, b)
                 elif key.kind is ObjectKind.STATE:
-                    blk = {g: job.block_ids[g][job.end // bs - 1] for g in self.groups.recurrent_groups}
+                    # the block preprocess_mamba reads a hit of ``end`` tokens from (an
+                    # end-of-request tail's ``end`` may lie inside it)
+                    idx = (job.end - 1) // bs
+                    blk = {g: job.block_ids[g][idx] for g in self.groups.recurrent_groups}
                     self.scatter_state(data, blk)
         except (ValueError, RuntimeError, IndexError):
             log.exception("load of request %s failed on rank %d", job.req_id, self.worker.rank)

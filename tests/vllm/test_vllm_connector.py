@@ -182,7 +182,8 @@ def test_blocks_saved_and_loaded_into_other_blocks_are_bit_identical_through_eve
 def test_save_decode_cache_lets_the_next_turn_hit_past_the_last_prompt(
         env: dict[str, Any], tmp_path: Path, decode: bool, retention: int | None) -> None:
     """Generated tokens' KV and states are saved with ``save_decode_cache``, at the
-    boundaries vLLM offers: none during decode with its default retention interval 0."""
+    boundaries vLLM offers (none during decode with its default retention interval 0) and
+    at the first turn's exact end (``test_vllm_tail``), where the next turn then hits."""
     y = tmp_path / "turns.yaml"
     y.write_text(YAML + f"save_decode_cache: {str(decode).lower()}\n")
     vc = s.vllm_config(env["model"], y, retention=retention)
@@ -192,13 +193,15 @@ def test_save_decode_cache_lets_the_next_turn_hit_past_the_last_prompt(
     runner = h.Runner(cfg, worker)
     turn1 = np.random.default_rng(9).integers(0, 128, 150).tolist()
     out = h.run(sched, runner, [h.make_request("t1", turn1, 70)])["t1"]
-    assert sched.reset_prefix_cache()          # the device cache forgot the first turn
     turn2 = turn1 + out + [5, 6, 7]
+    h.settle(sched, runner, turn2)             # the first turn's saves are all stored
+    assert sched.reset_prefix_cache()          # the device cache forgot the first turn
     h.run(sched, runner, [h.make_request("t2", turn2, 4)])
     worker.shutdown()
     st = sched.connector.sched.stats
     assert runner.bad == [] and st.hits == 1
-    assert (st.hit_tokens > len(turn1)) == (decode and retention != 0)  # the answer was saved
+    # the answer was saved, up to its last computed token (219, inside a block)
+    assert st.hit_tokens == (len(turn1) + len(out) - 1 if decode else 128)
 
 
 def test_stats_reach_vllms_logging_and_prometheus_with_hit_sources(env: dict[str, Any]) -> None:

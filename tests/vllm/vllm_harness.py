@@ -265,3 +265,23 @@ def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 
     so = sched.schedule()
     sched.update_from_output(so, runner.step(so))
     return outs
+
+
+def settle(sched: Any, runner: Any, tokens: list[int], deadline_s: float = 60.0) -> int:
+    """Step the idle engine until every save the index knows of for ``tokens`` is reported
+    stored (the puts of a finished request's tail come back a step or more after the copy)
+    and vLLM released every request's blocks; returns the tokens the index then serves."""
+    import time
+
+    idx = sched.connector.sched.index
+    end = time.monotonic() + deadline_s
+    while True:
+        plan = idx.lookup(np.asarray(tokens), alignment=1, replay=False)
+        if not plan.pending_tokens and not sched.requests:
+            return int(plan.num_tokens)
+        if time.monotonic() > end:
+            raise AssertionError(f"not settled: {plan.pending_tokens} tokens pending, "
+                                 f"held: {list(sched.requests)}")
+        so = sched.schedule()
+        sched.update_from_output(so, runner.step(so))
+        time.sleep(0.05)

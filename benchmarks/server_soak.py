@@ -12,7 +12,9 @@ misses, lookup hit tokens against what was found before the run, the server's ST
 ``/proc`` (and its kernel-kept peak, ``VmHWM``, reset per phase) against the budget:
 host pools + ``max_inflight_bytes`` + the unauthenticated budget
 (``max_unauthenticated * max_auth_frame_bytes``) + the idle server's own memory (its RSS
-once started and its pools faulted in, less the pools) + ``--slack-mb``. Pass: every
+once started and its pools faulted in, less the pools) + the server's
+``malloc_slack_bytes`` (freed memory it keeps for reuse, returned past that) +
+``--slack-mb``. Pass: every
 op's p99(B) <= 3x p99(A), peak RSS <= budget, 0 honest errors and 0 corrupt reads, no
 lookup hit lost, no forged LOAD served.
 
@@ -77,6 +79,14 @@ def soak_config(workdir: Path, plain_n: int, quick: bool) -> dict[str, Any]:
         "max_pinned_fraction": 0.5,
     }
     return cfg
+
+
+def malloc_slack(server: dict[str, Any]) -> int:
+    """The freed memory the server keeps before trimming: its config's, else the default."""
+    from hybrid_connector.config_server import ServerSettings
+
+    v = server.get("malloc_slack_bytes", ServerSettings().malloc_slack_bytes)
+    return size_of(v) if isinstance(v, str) else int(v or 0)
 
 
 def size_of(text: str) -> int:
@@ -277,7 +287,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       "max_inflight_MiB": size_of(s["max_inflight_bytes"]) / MiB,
                       "unauthenticated_MiB": s["max_unauthenticated"]
                       * size_of(s["max_auth_frame_bytes"]) / MiB,
-                      "idle_overhead_MiB": round(own / MiB, 1), "slack_MiB": args.slack_mb}
+                      "idle_overhead_MiB": round(own / MiB, 1),
+                      "malloc_slack_MiB": malloc_slack(s) / MiB, "slack_MiB": args.slack_mb}
             budget["total_MiB"] = round(sum(budget.values()), 1)
             out["idle_rss_MiB"], out["budget"] = round(idle / MiB, 1), budget
             # the admin token: populate's FLUSH (an admin command) then passes

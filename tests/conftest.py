@@ -17,6 +17,7 @@ this process closes their pipe).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import sys
@@ -78,6 +79,9 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
 
 
 def _leftovers() -> tuple[list[threading.Thread], list[psutil.Process]]:
+    # An executor nobody references any more (left in a reference cycle) ends its idle
+    # workers once collected: collect first, so only what is still owned is reported.
+    gc.collect()
     until = time.monotonic() + GRACE_S
     threads = [t for t in threading.enumerate()
                if t is not threading.main_thread() and not LEFTOVER_OK.search(t.name)]

@@ -33,12 +33,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hybrid_connector.config import load_config  # noqa: E402
-from hybrid_connector.integrations.hf import HFRuntime, PrefillInfo  # noqa: E402
-from hybrid_connector.integrations.hf_quality import calibrate_gate, long_memory_  # noqa: E402
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from hybrid_connector.replay import ReplayGate  # noqa: E402
-from tiers.memory import MemoryStore  # noqa: E402
+from hybrid_connector.core.config import load_config  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.integrations.hf.quality import calibrate_gate, long_memory_  # noqa: E402
+from hybrid_connector.integrations.hf.runtime import HFRuntime, PrefillInfo  # noqa: E402
+from hybrid_connector.runtime.suffix_replay import ReplayGate  # noqa: E402
+from hybrid_connector.tiers.memory import MemoryStore  # noqa: E402
 
 PAGE = 64
 

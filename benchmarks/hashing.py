@@ -28,11 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hybrid_connector import assemble  # noqa: E402
-from hybrid_connector.config import load_config  # noqa: E402
-from hybrid_connector.hashes import ChainHasher  # noqa: E402
-from hybrid_connector.keys import ObjectKind, PrefixHasher  # noqa: E402
-from hybrid_connector.model_presets import get_preset  # noqa: E402
-from hybrid_connector.plan import SaveItem  # noqa: E402
+from hybrid_connector.core.config import load_config  # noqa: E402
+from hybrid_connector.core.hashes import ChainHasher  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind, PrefixHasher  # noqa: E402
+from hybrid_connector.geometry.presets import get_preset  # noqa: E402
+from hybrid_connector.index.plan import SaveItem  # noqa: E402
 from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload  # noqa: E402
 
 CHUNK = 256

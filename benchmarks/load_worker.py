@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-CLIENT = struct.Struct("iiiiiiiii150s")  # tiers.lm_protocol, repeated to stay light
+CLIENT = struct.Struct("iiiiiiiii150s")  # hybrid_connector.tiers.lm_protocol, repeated to stay light
 SERVER = struct.Struct("iiiiiiiii")
 PUT, GET, EXIST = 1, 2, 3
 OK = 200
@@ -84,8 +84,8 @@ class Plain:
         unless it succeeds. The only hybrid frame a plain client sends."""
         import msgspec
 
-        from hybrid_connector.wire import messages as m
-        from hybrid_connector.wire.frames import Ext, body_length, pack_body, request
+        from hybrid_connector.remote.wire import messages as m
+        from hybrid_connector.remote.wire.frames import Ext, body_length, pack_body, request
 
         msg = msgspec.msgpack.encode(m.Auth(token))
         self.sock.sendall(request(int(Ext.AUTH), body_length(msg)) + pack_body(msg))
@@ -212,9 +212,9 @@ def conv_bytes(conv: int, kind: str, start: int, end: int, n: int) -> bytes:
 
 
 def lookups(cmd: dict[str, Any], caches: dict[str, Any]) -> dict[str, Any]:
-    from hybrid_connector.client.server_cache import ServerCache
-    from hybrid_connector.config import load_config
-    from hybrid_connector.model_presets import get_preset
+    from hybrid_connector.core.config import load_config
+    from hybrid_connector.geometry.presets import get_preset
+    from hybrid_connector.remote.client.server_cache import ServerCache
 
     url = cmd["url"]
     if url not in caches:

@@ -32,15 +32,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hybrid_connector import assemble  # noqa: E402
-from hybrid_connector.config import load_config  # noqa: E402
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from hybrid_connector.model import ModelGeometry  # noqa: E402
-from hybrid_connector.model_presets import get_preset  # noqa: E402
-from hybrid_connector.plan import SaveItem  # noqa: E402
-from tiers.host import HostTier  # noqa: E402
-from tiers.manager import TierManager  # noqa: E402
-from tiers.nvme import NvmeTier  # noqa: E402
-from tiers.remote import RemoteTier  # noqa: E402
+from hybrid_connector.core.config import load_config  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.geometry.model import ModelGeometry  # noqa: E402
+from hybrid_connector.geometry.presets import get_preset  # noqa: E402
+from hybrid_connector.index.plan import SaveItem  # noqa: E402
+from hybrid_connector.tiers.host import HostTier  # noqa: E402
+from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
+from hybrid_connector.tiers.remote import RemoteTier  # noqa: E402
 
 CHUNK = 256
 

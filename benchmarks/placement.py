@@ -26,11 +26,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hybrid_connector.model_presets import get_preset  # noqa: E402
-from hybrid_connector.policies import _hull_native  # noqa: E402
-from hybrid_connector.policies.accounting import CorrectedAccounting  # noqa: E402
-from hybrid_connector.policies.placement import balanced, expected_recompute, solve_dp  # noqa: E402
-from hybrid_connector.policies.placement_admission import DepthHistogram  # noqa: E402
+from hybrid_connector.geometry.presets import get_preset  # noqa: E402
+from hybrid_connector.policies.admission import _hull_native  # noqa: E402
+from hybrid_connector.policies.admission.placement import balanced, expected_recompute, solve_dp  # noqa: E402
+from hybrid_connector.policies.admission.placement_hook import DepthHistogram  # noqa: E402
+from hybrid_connector.policies.eviction.accounting import CorrectedAccounting  # noqa: E402
 from hybrid_connector.sim.baselines import PolicySpec, _auto, _placement_adm  # noqa: E402
 from hybrid_connector.sim.simulate import run_spec  # noqa: E402
 from hybrid_connector.sim.traces import shared_document_qa  # noqa: E402

@@ -43,12 +43,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.append(str(ROOT / "benchmarks"))  # after the packages: benchmarks/tiers.py is a script
 
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from hybrid_connector.model_presets import get_preset  # noqa: E402
-from hybrid_connector.radix import RadixTree  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.geometry.presets import get_preset  # noqa: E402
 from hybrid_connector.sim import traces  # noqa: E402
 from hybrid_connector.sim.baselines import baseline_specs  # noqa: E402
 from hybrid_connector.sim.simulate import run_spec  # noqa: E402
+from hybrid_connector.tree.radix import RadixTree  # noqa: E402
 
 MODEL = "marconi-7b"
 BASE = {"bootstrap_multiplier": 5, "retune_interval": 100}
@@ -101,9 +101,9 @@ def job(args: tuple[str, tuple[Any, ...], int, str, tuple[float, ...]]) -> dict[
 
 def eviction_microbench(n_sessions: int = 60) -> dict[str, float]:
     """Time per eviction: incremental index vs full walk, on the same large tree."""
-    from hybrid_connector.config import load_config
-    from hybrid_connector.policies.marconi import MarconiEviction
-    from hybrid_connector.policies.marconi_fullwalk import FullWalkMarconi
+    from hybrid_connector.core.config import load_config
+    from hybrid_connector.policies.eviction.marconi import MarconiEviction
+    from hybrid_connector.policies.eviction.marconi_fullwalk import FullWalkMarconi
     from hybrid_connector.sim.engine import Simulator
     from hybrid_connector.sim.store import Budget
 

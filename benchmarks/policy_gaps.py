@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_connector.model_presets import get_preset
-from hybrid_connector.policies.shadow_tuner import DEFAULT_ALPHAS
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.policies.tuning.shadow import DEFAULT_ALPHAS
 from hybrid_connector.sim.baselines import PolicySpec, baseline_specs
 from hybrid_connector.sim.simulate import run_once
 

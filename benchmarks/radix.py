@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from hybrid_connector.keys import chain_hashes
-from hybrid_connector.radix import RadixTree
+from hybrid_connector.core.keys import chain_hashes
+from hybrid_connector.tree.radix import RadixTree
 
 
 def vllm_block_hashes(tokens: list[int], block: int = 16) -> list[bytes]:

@@ -49,9 +49,9 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher  # noqa: E402
-from hybrid_connector.meta import ObjectMeta  # noqa: E402
-from tiers.nvme import NvmeTier  # noqa: E402
+from hybrid_connector.core.keys import ObjectKey, ObjectKind, PrefixHasher  # noqa: E402
+from hybrid_connector.core.meta import ObjectMeta  # noqa: E402
+from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
 
 K = ObjectKind
 SEQ, CHUNK, BLOCK, VOCAB = 2048, 256, 16, 151_936

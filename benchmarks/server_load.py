@@ -217,7 +217,7 @@ class Budgets:
         self._thread.start()
 
     def _run(self) -> None:
-        from hybrid_connector.client import admin
+        from hybrid_connector.remote.client import admin
 
         while not self._stop.wait(self.every):
             try:
@@ -308,11 +308,11 @@ def populate(url: str, n: int, length: int, token: str | None = None) -> list[di
     """Save ``n`` conversations through ``ServerCache``; what a lookup of each finds."""
     import torch
 
-    from hybrid_connector.client.server_cache import ServerCache
-    from hybrid_connector.config import load_config
-    from hybrid_connector.keys import ObjectKind
-    from hybrid_connector.model_presets import get_preset
-    from hybrid_connector.session import RequestSession
+    from hybrid_connector.core.config import load_config
+    from hybrid_connector.core.keys import ObjectKind
+    from hybrid_connector.geometry.presets import get_preset
+    from hybrid_connector.remote.client.server_cache import ServerCache
+    from hybrid_connector.runtime.session import RequestSession
 
     conv_bytes = load_worker.conv_bytes
 

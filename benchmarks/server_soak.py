@@ -83,14 +83,14 @@ def soak_config(workdir: Path, plain_n: int, quick: bool) -> dict[str, Any]:
 
 def malloc_slack(server: dict[str, Any]) -> int:
     """The freed memory the server keeps before trimming: its config's, else the default."""
-    from hybrid_connector.config_server import ServerSettings
+    from hybrid_connector.core.config_server import ServerSettings
 
     v = server.get("malloc_slack_bytes", ServerSettings().malloc_slack_bytes)
     return size_of(v) if isinstance(v, str) else int(v or 0)
 
 
 def size_of(text: str) -> int:
-    from hybrid_connector.sizes import parse_size
+    from hybrid_connector.core.sizes import parse_size
 
     return int(parse_size(text))
 
@@ -246,7 +246,7 @@ class Attackers:
 
 def server_figures(url: str) -> dict[str, Any]:
     """What the server's STATS says of the bounds under attack."""
-    from hybrid_connector.client import admin
+    from hybrid_connector.remote.client import admin
 
     s = admin.stats(url, ADMIN, timeout_s=60.0)
     plain = s["plain"]

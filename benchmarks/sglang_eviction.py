@@ -1,6 +1,6 @@
 """Eviction behind SGLang's hash-only L3 calls: LRU (the default) vs the FLOP-aware order
 (``tier_eviction: value`` over the page chain SGLang's ``prefix_keys`` give,
-``hybrid_connector/integrations/sglang_chain.py``).
+``hybrid_connector/integrations/sglang/chain.py``).
 
 Run: ``.venv/bin/python benchmarks/sglang_eviction.py [--quick]`` (needs sglang 0.5.23,
 installed by ``scripts/test.sh``).
@@ -48,7 +48,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str
 from tqdm import tqdm
 
-from hybrid_connector.model_presets import load_geometry
+from hybrid_connector.geometry.presets import load_geometry
 from hybrid_connector.sim.traces import agentic, multi_turn_chat
 
 PAGE, SCALE, PRESET = 64, 1024, "qwen3.5-4b"

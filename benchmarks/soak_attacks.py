@@ -37,11 +37,11 @@ from raw_client import Raw
 from test_server_hardening_conn import flood
 from test_server_hardening_service import acquire, hello, plan_of, why
 
-from hybrid_connector.config import load_config
-from hybrid_connector.config_server import host_port
-from hybrid_connector.wire import messages as m
-from hybrid_connector.wire.frames import Code, Ext, request
-from tiers.lm_protocol import Command, key_string, kind_model
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.config_server import host_port
+from hybrid_connector.remote.wire import messages as m
+from hybrid_connector.remote.wire.frames import Code, Ext, request
+from hybrid_connector.tiers.lm_protocol import Command, key_string, kind_model
 
 UNAUTH_PEER, AUTH_PEER = "127.0.0.2", "127.0.0.3"
 MiB = 1 << 20

@@ -62,10 +62,10 @@ def ledger_cost(window: int, n: int = 20000, cap: int = 2000) -> float:
     """Microseconds per ``Ledger.place`` of a KV chunk once device, host and NVMe pools
     (``cap`` objects each) are full, so that every place evicts through all three (the
     worst case), with a touch every third place; ``window`` 0: LRU."""
-    from hybrid_connector.keys import ObjectKey, ObjectKind
-    from hybrid_connector.model_presets import load_geometry
-    from hybrid_connector.policies.tier_value import TierValue
-    from tiers.ledger import Ledger, TierSpec
+    from hybrid_connector.core.keys import ObjectKey, ObjectKind
+    from hybrid_connector.geometry.presets import load_geometry
+    from hybrid_connector.policies.eviction.tier_value import TierValue
+    from hybrid_connector.tiers.ledger import Ledger, TierSpec
 
     tv = TierValue(load_geometry("qwen3.5-4b"), {"device": 1500e9, "host": 25e9, "nvme": 6e9},
                    445e12)
@@ -122,7 +122,7 @@ def run(quick: bool, window: int | None = None) -> dict[str, Any]:
                                           if off["loaded_gb"][t] else None) for t in TIERS}}
                     points.append(out)
                     print(line(out), flush=True)
-    from hybrid_connector.config import HybridConfig
+    from hybrid_connector.core.config import HybridConfig
 
     w = window if window is not None else HybridConfig.model_fields["tier_value_window"].default
     cost = {"lru_us": ledger_cost(0), "value_us": ledger_cost(w), "window": w}

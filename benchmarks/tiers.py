@@ -55,15 +55,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.model_presets import get_preset
-from tiers import lm_protocol
-from tiers.device import DeviceTier
-from tiers.fileio import write_all
-from tiers.host import HostTier
-from tiers.nvme import NvmeTier
-from tiers.remote import LmClient, RedisClient, RemoteTier
-from tiers.tier import Tier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.tiers import lm_protocol
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.fileio import write_all
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.nvme import NvmeTier
+from hybrid_connector.tiers.remote import LmClient, RedisClient, RemoteTier
+from hybrid_connector.tiers.tier import Tier
 
 K = ObjectKind
 TARGETS = {"host": 0.8, "nvme": 0.7}
@@ -284,7 +284,7 @@ def paired(base: Ops, ours: Ops, reps: int) -> dict[str, float]:
 def state_checkpoints(batch: int, tokens: int) -> list[torch.Tensor]:
     import transformers
 
-    from hybrid_connector.model_presets import tiny_hf_config
+    from hybrid_connector.geometry.presets import tiny_hf_config
 
     logging.getLogger("transformers").setLevel(logging.ERROR)
     cfg = tiny_hf_config("qwen3_5")

@@ -34,10 +34,10 @@ import numpy as np
 import torch
 
 from hybrid_connector.bench.peers import load_lmcache  # one loader for both peer benchmarks
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.host import HostTier
-from tiers.nvme import NvmeTier
-from tiers.tier import Tier, copy_into
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.nvme import NvmeTier
+from hybrid_connector.tiers.tier import Tier, copy_into
 
 # the shared helpers of benchmarks/tiers.py (named like the tiers package: load it by path)
 _spec = importlib.util.spec_from_file_location("bench_tiers", os.path.join(_HERE, "tiers.py"))

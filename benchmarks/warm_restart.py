@@ -33,12 +33,12 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]  # tie
 sys.path.insert(0, os.path.dirname(_HERE))
 
 from hybrid_connector import assemble  # noqa: E402
-from hybrid_connector.config import load_config  # noqa: E402
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from hybrid_connector.model import ModelGeometry  # noqa: E402
-from hybrid_connector.session import RequestSession  # noqa: E402
-from tiers.manager import TierManager  # noqa: E402
-from tiers.nvme import NvmeTier  # noqa: E402
+from hybrid_connector.core.config import load_config  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.geometry.model import ModelGeometry  # noqa: E402
+from hybrid_connector.runtime.session import RequestSession  # noqa: E402
+from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
 
 GEO = ModelGeometry.from_dict({
     "name": "tiny", "architecture": "qwen3_5_text", "hidden_size": 8, "vocab_size": 151_936,

@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import torch
 
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.client.server_cache import ServerCache
-from hybrid_connector.config import HybridConfig
-from hybrid_connector.index import CacheIndex
-from hybrid_connector.index_core import Policies
-from hybrid_connector.model import ModelGeometry
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.cache_index import CacheIndex
+from hybrid_connector.index.state import Policies
 from hybrid_connector.policies import build
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
-from hybrid_connector.sim.replay import default_replayer_factory, default_shadow_factory
-from tiers.backend import Backend
-from tiers.manager import TierManager, build_store
+from hybrid_connector.remote.client.server_cache import ServerCache
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.sim.trace_replay import default_replayer_factory, default_shadow_factory
+from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.manager import TierManager, build_store
 
 
 def policies(config: HybridConfig, eviction: EvictionPolicy | None = None,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the engine packages the integration tests run against, on CPU, without their
-# CUDA dependencies (see ../shared/notes/cpu-installs.md):
+# CUDA dependencies:
 #   * vllm 0.33.0 (--no-deps; it pins a CUDA torch 2.14.0) plus the light packages its
 #     connector, scheduler, config and model-registry modules import;
 #   * compressed-tensors 0.17.0 (--no-deps), which vLLM's model inspection imports.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install SGLang 0.5.23 on CPU for the HiCache storage backend tests, without its CUDA
-# dependencies (see ../shared/notes/cpu-installs.md):
+# dependencies:
 #   * sglang 0.5.23 with --no-deps (it pins a CUDA torch and sgl-kernel);
 #   * the light packages `sglang.srt.mem_cache.hicache_storage` (HiCacheStorage, HiCacheFile,
 #     PoolTransfer, count_pool_hits, HiCacheStorageFailureInjector), the storage backend factory

@@ -6,7 +6,7 @@
 # tests/sglang_full. The main .venv cannot: those modules import sglang.srt.configs, which
 # imports torchvision, and no torchvision imports beside the CPU torch 2.13.0 there.
 #   * torch 2.14.1 + torchvision 0.29.1 first (a CUDA build on this machine's local disk,
-#     about 5.5 GB, no download; it runs on CPU; see ../shared/notes/cpu-installs.md);
+#     about 5.5 GB, no download; it runs on CPU);
 #   * this project, editable, with its [dev] extras (constrained to that torch);
 #   * sglang 0.5.23 with --no-deps plus the light packages the controller and host pools
 #     import (found by trial, LIGHT_DEPS below).

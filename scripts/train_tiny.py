@@ -1,6 +1,6 @@
 """Train a tiny hybrid shipped in hybrid_connector/presets/trained*/ (CPU, minutes).
 
-Byte tokens (hybrid_connector.integrations.hf_trained.encode) of the Python standard
+Byte tokens (hybrid_connector.integrations.hf.trained.encode) of the Python standard
 library's top-level sources; held-out files are never trained on. AdamW with linear warmup
 and cosine decay, random windows of --seq bytes, fixed seed (same steps -> same weights on
 the same torch build; the wall-clock budget --minutes may stop it earlier, and the cosine
@@ -31,7 +31,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from hybrid_connector.integrations.hf_trained import (
+from hybrid_connector.integrations.hf.trained import (
     TRAINED_ARCHS,
     VOCAB,
     corpus_tokens,

@@ -1,7 +1,7 @@
 """Architecture: the import-linter contracts in pyproject.toml hold, fail when broken, cover
 every module of ``hybrid_connector``, and the import graph has no cycle.
 
-The contracts (``[tool.importlinter]``) express DESIGN.md's layering, integrations -> cache
+The contracts (``[tool.importlinter]``) express the layering, integrations -> runtime
 -> policies, tiers -> kernels; ``lint-imports`` runs in a subprocess with this interpreter
 from the directory whose packages it checks (import-linter puts the working directory first
 on ``sys.path``, so the checkout's packages win over an installed copy). The negative
@@ -23,7 +23,7 @@ import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("hybrid_connector", "tiers", "kernels")
+PACKAGES = ("hybrid_connector",)
 LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
 
 
@@ -55,15 +55,18 @@ def _copy_packages(dst: Path) -> None:
 
 @pytest.mark.parametrize(("module", "line", "contract"), [
     # kernels are the bottom layer: they import nothing of the project
-    ("kernels/_grid.py", "import hybrid_connector.cache", "Dependencies flow downward"),
-    # tiers may use only keys and config of the core
-    ("tiers/ops.py", "import hybrid_connector.model", "Dependencies flow downward"),
-    # the core never imports an integration
-    ("hybrid_connector/replay.py", "import hybrid_connector.integrations.hf_replay", "Dependencies flow downward"),
+    ("hybrid_connector/kernels/_grid.py", "import hybrid_connector.runtime.cache", "Dependencies flow downward"),
+    # tiers may use only the core vocabulary
+    ("hybrid_connector/tiers/ops.py", "import hybrid_connector.geometry.model", "Dependencies flow downward"),
+    # the runtime never imports an integration
+    ("hybrid_connector/runtime/suffix_replay.py", "import hybrid_connector.integrations.hf.replay",
+     "Dependencies flow downward"),
     # the policies decide what is known; they never reach for bytes
-    ("hybrid_connector/policies/lru.py", "import tiers.ops", "never touch the byte tiers"),
+    ("hybrid_connector/policies/eviction/lru.py", "import hybrid_connector.tiers.ops", "never touch the byte tiers"),
+    # inside the index, the state table is below the modules that drive it
+    ("hybrid_connector/index/state.py", "import hybrid_connector.index.saving", "Inside the index"),
     # a cycle inside one package (no layer covers tiers' own modules)
-    ("tiers/tier.py", "import tiers.manager", "No import cycles"),
+    ("hybrid_connector/tiers/tier.py", "import hybrid_connector.tiers.manager", "No import cycles"),
 ])  # fmt: skip
 def test_a_forbidden_import_breaks_the_contracts(tmp_path: Path, module: str, line: str,
                                                 contract: str) -> None:
@@ -90,13 +93,25 @@ def _layer_modules(layers: Iterable[str]) -> set[str]:
 def test_every_module_has_a_layer() -> None:
     """A new module of ``hybrid_connector`` must say where it sits (the layers contract only
     constrains the modules it names)."""
-    (layers,) = [c for c in contracts() if c["type"] == "layers"]
+    (layers,) = [c for c in contracts() if c["id"] == "layers"]
     placed = _layer_modules(layers["layers"])
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     children = graph.find_children("hybrid_connector")
     assert children, "grimp found no modules"
     assert sorted(children - placed) == []
-    assert {"tiers", "kernels"} <= placed
+    assert {"hybrid_connector.tiers", "hybrid_connector.kernels"} <= placed
+
+
+def test_the_top_level_holds_packages_and_the_composition_root_only() -> None:
+    """The folders are the layers: no module sits directly under ``hybrid_connector/`` but
+    ``__init__`` and the composition root (``assemble``); the entry points are ``cli/``."""
+    top = ROOT / "hybrid_connector"
+    modules = sorted(p.name for p in top.glob("*.py"))
+    assert modules == ["__init__.py", "assemble.py"]
+    packages = sorted(p.name for p in top.iterdir() if (p / "__init__.py").is_file())
+    (layers,) = [c for c in contracts() if c["id"] == "layers"]
+    placed = {m.removeprefix("hybrid_connector.") for m in _layer_modules(layers["layers"])}
+    assert set(packages) <= placed
 
 
 def cycles(graph: Mapping[str, Iterable[str]]) -> list[set[str]]:
@@ -158,5 +173,5 @@ def test_no_import_cycles() -> None:
     assert cycles(_module_graph(exclude_type_checking=True)) == []
     # With annotations-only imports counted, the only cycle allowed is the known one (the
     # index's helpers annotating CacheIndex); it may go, no other may come.
-    known = {"hybrid_connector.index", "hybrid_connector.reclaim", "hybrid_connector.saving"}
+    known = {"hybrid_connector.index.cache_index", "hybrid_connector.index.reclaim", "hybrid_connector.index.saving"}
     assert all(c <= known for c in cycles(_module_graph(exclude_type_checking=False)))

@@ -17,9 +17,9 @@ import pytest
 from pydantic import BaseModel
 
 from hybrid_connector.cli import COMMANDS, build_parser
-from hybrid_connector.config import HybridConfig
-from hybrid_connector.config_server import ClientSettings, ServerSettings
-from hybrid_connector.config_types import PoolBudget, TierReadRates
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.config_server import ClientSettings, ServerSettings
+from hybrid_connector.core.config_types import PoolBudget, TierReadRates
 
 ROOT = Path(__file__).resolve().parent.parent
 HAVE_MKDOCS = importlib.util.find_spec("mkdocs") is not None and \
@@ -96,7 +96,7 @@ def test_the_readme_is_short_and_its_links_resolve() -> None:
 
 def test_no_reference_leaves_the_repository() -> None:
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
-                 ROOT / "hybrid_connector" / "layout.py"]:
+                 ROOT / "hybrid_connector" / "payload" / "layout.py"]:
         text = page.read_text()
         assert "../shared" not in text and "DESIGN.md" not in text, page
 

@@ -8,7 +8,7 @@ each prompt length L (8K and 32K) the prompts share a prefix of P = L - S tokens
 (P + b) saves the checkpoint at the branch point P, and the hits (P + c) are timed:
 
 * ``sync``: ``HFRuntime.prefill`` as shipped (read every object, restore, run the suffix);
-* ``layerwise``: the same plan loaded by the copy engine's streams with ``kernels/`` moving
+* ``layerwise``: the same plan loaded by the copy engine's streams with ``hybrid_connector/kernels/`` moving
   the bytes, overlapped layer by layer with the suffix's prefill (``hf_layerwise``).
 
 Each tier also gets the load alone, the suffix's compute alone, ``hidden = (compute + load -
@@ -56,17 +56,17 @@ from hf_bench_util import (  # noqa: E402
 from hf_layerwise import LayerwiseLoader  # noqa: E402
 from hf_models import build_model  # noqa: E402
 
-from hybrid_connector.config import load_config  # noqa: E402
-from hybrid_connector.integrations.hf import HFRuntime, geometry_for  # noqa: E402
-from hybrid_connector.integrations.hf_state import model_forward, new_model_cache  # noqa: E402
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from hybrid_connector.layout import kv_layout, state_layout  # noqa: E402
-from hybrid_connector.replay import ReplayGate, ReplayQuality  # noqa: E402
-from tiers.copy_engine import CopyEngine  # noqa: E402
-from tiers.device import DeviceTier  # noqa: E402
-from tiers.host import HostTier  # noqa: E402
-from tiers.manager import TierManager  # noqa: E402
-from tiers.nvme import NvmeTier  # noqa: E402
+from hybrid_connector.core.config import load_config  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.integrations.hf.runtime import HFRuntime, geometry_for  # noqa: E402
+from hybrid_connector.integrations.hf.state import model_forward, new_model_cache  # noqa: E402
+from hybrid_connector.payload.layout import kv_layout, state_layout  # noqa: E402
+from hybrid_connector.runtime.suffix_replay import ReplayGate, ReplayQuality  # noqa: E402
+from hybrid_connector.tiers.copy_engine import CopyEngine  # noqa: E402
+from hybrid_connector.tiers.device import DeviceTier  # noqa: E402
+from hybrid_connector.tiers.host import HostTier  # noqa: E402
+from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
 
 
 class Bench:

@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import kernels  # noqa: E402
-from tiers.copy_engine import CopyEngine, LayerTransfer  # noqa: E402
+from hybrid_connector import kernels  # noqa: E402
+from hybrid_connector.tiers.copy_engine import CopyEngine, LayerTransfer  # noqa: E402
 
 DEV = torch.device("cuda")
 

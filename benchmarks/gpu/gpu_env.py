@@ -26,9 +26,10 @@ from pathlib import Path
 
 # What the steps import: the project's modules (from the checkout) and the third-party
 # packages behind them that the GPU machine may lack (wheels.sh ships those).
-PROJECT = ("hybrid_connector.integrations.hf", "hybrid_connector.integrations.hf_state",
-           "tiers.manager", "tiers.device", "tiers.host", "tiers.nvme", "tiers.copy_engine",
-           "kernels")
+PROJECT = ("hybrid_connector.integrations.hf.runtime", "hybrid_connector.integrations.hf.state",
+           "hybrid_connector.tiers.manager", "hybrid_connector.tiers.device",
+           "hybrid_connector.tiers.host", "hybrid_connector.tiers.nvme",
+           "hybrid_connector.tiers.copy_engine", "hybrid_connector.kernels")
 THIRD_PARTY = ("torch", "transformers", "numpy", "yaml", "pydantic", "pydantic_core", "blake3",
                "zstandard", "msgspec", "xxhash", "sortedcontainers", "aiofiles", "tqdm", "pytest",
                "pytest_timeout")

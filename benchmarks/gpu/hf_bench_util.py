@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from hybrid_connector.integrations.hf import HFRuntime
+from hybrid_connector.integrations.hf.runtime import HFRuntime
 
 STATE_TOL = 2e-2  # bf16: a few ulps of the tensor's scale; a wrong or missing restore is ~1
 LOGIT_TOL = 1e-1  # bf16 suffix GEMMs of other shapes than the full prefill's: the loose check

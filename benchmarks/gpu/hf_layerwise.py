@@ -3,12 +3,12 @@ with the suffix's prefill (the GPU TTFT benchmark's data path).
 
 ``HFRuntime.prefill`` loads a hit synchronously (read every object, restore, then run the
 suffix). Here the same hit (the same ``RequestSession`` plan, lease and objects) is read by
-a ``tiers.copy_engine.CopyEngine`` job instead: one transfer per object, the state
+a ``hybrid_connector.tiers.copy_engine.CopyEngine`` job instead: one transfer per object, the state
 checkpoint first (the first decoder layers are GDN layers), then the KV chunks in order.
 Each transfer reads its object from the tier that holds it into a device staging buffer
 (device tier: device-to-device; pinned host tier: host-to-device from the slab; NVMe: the
 file into a pinned bounce buffer on a copy-engine worker, then host-to-device on the copy
-stream) and its ``post`` hook moves the bytes into the model's cache with ``kernels/``
+stream) and its ``post`` hook moves the bytes into the model's cache with ``hybrid_connector/kernels/``
 (``hf_pack``: row scatters for K and V, conv rows and one page copy for the states). A
 forward pre-hook on each decoder layer waits for what that layer reads (GDN layers: the
 state; attention layers: every KV chunk) on the compute stream, so layers run as soon as
@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
-from hybrid_connector.integrations import hf_pack
-from hybrid_connector.integrations.hf import HFRuntime
-from hybrid_connector.integrations.hf_state import decoder_layers, new_model_cache
-from hybrid_connector.plan import LoadPlan, PlannedObject
-from hybrid_connector.session import RequestSession
-from tiers.copy_engine import CopyEngine, LayerTransfer, TransferJob
-from tiers.manager import TierManager
+from hybrid_connector.index.plan import LoadPlan, PlannedObject
+from hybrid_connector.integrations.hf import pack as hf_pack
+from hybrid_connector.integrations.hf.runtime import HFRuntime
+from hybrid_connector.integrations.hf.state import decoder_layers, new_model_cache
+from hybrid_connector.runtime.session import RequestSession
+from hybrid_connector.tiers.copy_engine import CopyEngine, LayerTransfer, TransferJob
+from hybrid_connector.tiers.manager import TierManager
 
 
 @dataclass

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from hybrid_connector.integrations.hf import geometry_for
-from hybrid_connector.model_presets import get_preset, tiny_hf_config
+from hybrid_connector.geometry.presets import get_preset, tiny_hf_config
+from hybrid_connector.integrations.hf.runtime import geometry_for
 
 _KIND = {"gdn": "linear_attention", "attention": "full_attention"}
 

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import kernels  # noqa: E402
+from hybrid_connector import kernels  # noqa: E402
 
 
 def main() -> int:

@@ -26,7 +26,7 @@
 #   bench_overlap  share of a layer-wise fetch hidden under compute (bench_overlap.py --quick)
 #   hf_ttft_4b  GPU, when >= 150 s are left: Qwen3.5-4B's geometry at 32K (dry run: its config
 #               and geometry are checked on the meta device inside hf_ttft)
-#   check_cuda  GPU with nvcc: kernels/*.cu compile for sm_90
+#   check_cuda  GPU with nvcc: hybrid_connector/kernels/*.cu compile for sm_90
 #   vllm_serve  when vllm imports (not on the H200 machine: no vLLM there)
 # Exit status: 0 when every step that ran passed, 1 otherwise, 2 without a usable Python.
 set -uo pipefail

@@ -25,9 +25,9 @@ from hybrid_connector.bench.peers import run_peers
 from hybrid_connector.bench.runner import run_point
 from hybrid_connector.bench.schema import CapacityConfig
 from hybrid_connector.bench.setups import setup_of, working_set
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.model_presets import load_geometry
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.geometry.presets import load_geometry
 
 OURS = "device+host+nvme-ours"
 TARGETS = {"ours_hit": 0.8, "lru_hit_below": 0.2, "throughput_x": 3.0}
@@ -36,7 +36,7 @@ TARGETS = {"ours_hit": 0.8, "lru_hit_below": 0.2, "throughput_x": 3.0}
 def _geometry(cfg: CapacityConfig) -> tuple[ModelGeometry, Any, dict[str, Any]]:
     """(geometry the objects are sized from, the real model or None, what ran)."""
     if cfg.compute == "real":
-        from hybrid_connector.integrations.hf import geometry_for
+        from hybrid_connector.integrations.hf.runtime import geometry_for
 
         model = real_model(cfg)
         geo = geometry_for(model)
@@ -56,7 +56,7 @@ def run_capacity(cfg: CapacityConfig, work: Path | None = None, progress: bool =
     under it, removed at the end; default the system temp dir)."""
     import torch
 
-    from tiers.device import default_device
+    from hybrid_connector.tiers.device import default_device
 
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     t0 = time.perf_counter()
@@ -66,7 +66,7 @@ def run_capacity(cfg: CapacityConfig, work: Path | None = None, progress: bool =
     dev = default_device()
     notes = [f"device tier: GPU HBM ({dev})" if dev.type == "cuda" else
              "device tier: no GPU here, so an equally budgeted device pool in CPU memory "
-             "(tiers.device on CPU: the same slab accounting)"]
+             "(hybrid_connector.tiers.device on CPU: the same slab accounting)"]
     if cfg.compute == "modeled":
         notes.append(f"compute: modeled (FLOPs of {geo_info['geometry']} at {cfg.device_tflops:g} "
                      f"TFLOP/s x MFU {cfg.mfu:g}, {cfg.overhead_ms:g} ms per request, loads at "

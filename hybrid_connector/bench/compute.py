@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from hybrid_connector.bench.schema import CapacityConfig
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import LoadPlan
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import LoadPlan
 from hybrid_connector.sim.prefill import PrefillModel
 
 TIER_BW_NAME = {"device": "device", "host": "host", "nvme": "nvme", "disk": "nvme"}
@@ -51,10 +51,10 @@ def real_model(cfg: CapacityConfig) -> Any:
     """The transformers model of ``compute: real`` (fp32, eval, one thread on CPU)."""
     torch.set_num_threads(1)
     if cfg.real.model == "trained":
-        from hybrid_connector.integrations.hf_trained import load_trained_model
+        from hybrid_connector.integrations.hf.trained import load_trained_model
 
         return load_trained_model()
-    from hybrid_connector.model_tiny import tiny_hf_model
+    from hybrid_connector.geometry.tiny import tiny_hf_model
 
     torch.manual_seed(0)
     return tiny_hf_model("qwen3_5").eval()

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 import xxhash
 
-from hybrid_connector.keys import ObjectKey
-from hybrid_connector.model import ModelGeometry
-from tiers.executor import Executor
+from hybrid_connector.core.keys import ObjectKey
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.tiers.executor import Executor
 
 
 class CorruptLoad(RuntimeError):

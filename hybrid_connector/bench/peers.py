@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.host import HostTier
-from tiers.nvme import NvmeTier
-from tiers.tier import copy_into
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.nvme import NvmeTier
+from hybrid_connector.tiers.tier import copy_into
 
 
 def load_lmcache() -> tuple[dict[str, Any] | None, str]:

@@ -30,11 +30,11 @@ from hybrid_connector.bench.compute import ModeledCompute
 from hybrid_connector.bench.objects import CorruptLoad, Payloads, Verifier
 from hybrid_connector.bench.schema import CapacityConfig
 from hybrid_connector.bench.setups import Setup, hybrid_config, split
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import LoadPlan, LoadResult
-from hybrid_connector.session import RequestSession
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import LoadPlan, LoadResult
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.runtime.session import RequestSession
 
 TIER_NAMES = {"device": "device", "host": "host", "nvme": "nvme", "disk": "nvme"}
 
@@ -240,7 +240,7 @@ def open_cache(cfg: CapacityConfig, setup: Setup, geo: ModelGeometry,
     verifier = Verifier(store.executor)
     if model is None:
         return assemble.cache(hc, geo, store), verifier, None
-    from hybrid_connector.integrations.hf import HFRuntime
+    from hybrid_connector.integrations.hf.runtime import HFRuntime
 
     rt = HFRuntime.create(model, hc, store, anchors=False, alignment=cfg.alignment)
     assert isinstance(rt.cache, HybridCache)  # embedded: the store is given
@@ -312,7 +312,7 @@ def _modeled_request(cache: HybridCache, modeled: ModeledCompute, r: dict[str, A
 
 def _none_ttft(model: Any, r: dict[str, Any]) -> float:
     """Measured full prefill of the prompt with the real model (no cache)."""
-    from hybrid_connector.integrations.hf_state import model_forward, new_model_cache
+    from hybrid_connector.integrations.hf.state import model_forward, new_model_cache
 
     ids = torch.as_tensor(np.asarray(r["input_tokens"]), dtype=torch.long).unsqueeze(0)
     t = time.perf_counter()

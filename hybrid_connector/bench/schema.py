@@ -3,7 +3,7 @@
 ``configs/capacity-cpu.yaml`` spells the defaults out (a test holds them equal), so
 ``hybrid-connector bench capacity`` with no ``--config`` runs exactly that file. A YAML
 file holds the section under a top-level ``capacity:`` key. Unknown keys and wrong types
-fail with ``ConfigError`` naming the key and the file, as ``hybrid_connector.config`` does.
+fail with ``ConfigError`` naming the key and the file, as ``hybrid_connector.core.config`` does.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hybrid_connector.config import ConfigError
+from hybrid_connector.core.config import ConfigError
 
 Configuration = Literal[
     "none", "device-lru", "device-ours", "device+host-lru", "device+host-ours",

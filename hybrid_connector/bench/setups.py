@@ -25,7 +25,7 @@ Each tier's budget is split between KV and state pools in the proportion of the
 configuration's own working set (what it stores with unlimited room; ``working_set``), so
 no pool is sized for objects its configuration never makes. Anchors are off (exact hits
 only). The device tier is GPU HBM when CUDA is present, else a CPU slab with the same
-accounting (``tiers.device``).
+accounting (``hybrid_connector.tiers.device``).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ from typing import Any
 import numpy as np
 
 from hybrid_connector.bench.schema import CapacityConfig
-from hybrid_connector.config import HybridConfig, load_config
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.session import RequestSession
+from hybrid_connector.core.config import HybridConfig, load_config
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.sim.baselines import vllm_align_block
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.store import Budget, zero_payload

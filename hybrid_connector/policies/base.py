@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.radix import MatchResult, Node, RadixTree
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.tree.radix import MatchResult, Node, RadixTree
 
 Evictable = Callable[[Node, ObjectKind], bool]
 

@@ -17,26 +17,26 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TypedDict
 
-from hybrid_connector.config import HybridConfig
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.policies.accounting import (
-    Accounting,
-    CorrectedAccounting,
-    ReferenceAccounting,
-)
-from hybrid_connector.policies.admission import (
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.policies.admission.checkpoints import (
     EveryBlockAdmission,
     LastTokenAdmission,
     MarconiAdmission,
 )
+from hybrid_connector.policies.admission.placement_hook import PlacementAdmission
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
-from hybrid_connector.policies.lru import LRUEviction
-from hybrid_connector.policies.marconi import MarconiEviction
-from hybrid_connector.policies.placement_admission import PlacementAdmission
-from hybrid_connector.policies.shadow_tuner import ShadowFactory, ShadowTuner, candidates
-from hybrid_connector.policies.tuner import DEFAULT_GRID, AlphaTuner, Replayer
-from hybrid_connector.policies.tuning import LRU, Candidate, Tuner
+from hybrid_connector.policies.eviction.accounting import (
+    Accounting,
+    CorrectedAccounting,
+    ReferenceAccounting,
+)
+from hybrid_connector.policies.eviction.lru import LRUEviction
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.policies.tuning.base import LRU, Candidate, Tuner
+from hybrid_connector.policies.tuning.grid import DEFAULT_GRID, AlphaTuner, Replayer
+from hybrid_connector.policies.tuning.shadow import ShadowFactory, ShadowTuner, candidates
 
 ACCOUNTING: dict[str, Callable[[ModelGeometry], Accounting]] = {
     "marconi": CorrectedAccounting,

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hybrid_connector.config_server import ServerSettings
+from hybrid_connector.core.config_server import ServerSettings
 
 log = logging.getLogger(__name__)
 LOG_EVERY_S = 1.0

@@ -24,14 +24,14 @@ from typing import Any
 from aiohttp import web
 
 from hybrid_connector import assemble
-from hybrid_connector.config import HybridConfig
+from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.server.conn import Handler
 from hybrid_connector.server.http import app
 from hybrid_connector.server.memory import Trimmer
 from hybrid_connector.server.metrics import Metrics
 from hybrid_connector.server.reader import FrameProtocol
 from hybrid_connector.server.service import Service
-from tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TierManager
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ YAML (host, port, http port, token, host and NVMe sizes, NVMe path, remote URL).
 scales that tier's pools in the YAML to the new total, each kind keeping its share. The token
 may also come from ``HYBRID_CONNECTOR_SERVER__TOKEN`` (keep it off the command line).
 Problems at start are one line on stderr, no traceback: an invalid config or a size this
-machine cannot hold (``ConfigError``, exit 2, see ``tiers.machine``), an NVMe directory
+machine cannot hold (``ConfigError``, exit 2, see ``hybrid_connector.tiers.machine``), an NVMe directory
 another live store holds or a port in use (``OSError``, exit 1).
 """
 
@@ -16,11 +16,11 @@ import logging
 import sys
 from typing import Any
 
-from hybrid_connector.client.admin import ping
-from hybrid_connector.client.connection import ServerRefused, ServerUnavailable
-from hybrid_connector.config import ConfigError, HybridConfig, load_config
-from hybrid_connector.config_server import DEFAULT_PORT
-from hybrid_connector.sizes import parse_size
+from hybrid_connector.core.config import ConfigError, HybridConfig, load_config
+from hybrid_connector.core.config_server import DEFAULT_PORT
+from hybrid_connector.core.sizes import parse_size
+from hybrid_connector.remote.client.admin import ping
+from hybrid_connector.remote.client.connection import ServerRefused, ServerUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_of(args)
     try:
         return serve(config)
-    except OSError as exc:  # tiers.dirlock.DirectoryLocked included
+    except OSError as exc:  # hybrid_connector.tiers.dirlock.DirectoryLocked included
         log.debug("server failed", exc_info=True)  # the traceback with -v
         print(f"hybrid-connector server: {exc}", file=sys.stderr)
         return 1

@@ -30,14 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hybrid_connector.config_server import ServerSettings
-from hybrid_connector.server.admission import Admission, Link
-from hybrid_connector.server.gate import ByteGate
-from hybrid_connector.server.plain import head_size as plain_head
-from hybrid_connector.server.reader import SPILL_LIMIT, FrameProtocol
-from hybrid_connector.server.room import Room, load_bound
-from hybrid_connector.server.service import Conn, Reply, Service, decode, error
-from hybrid_connector.wire.frames import (
+from hybrid_connector.core.config_server import ServerSettings
+from hybrid_connector.remote.wire.frames import (
     HEADER_BYTES,
     REPLY_BYTES,
     Code,
@@ -50,7 +44,13 @@ from hybrid_connector.wire.frames import (
     reply,
     split_body,
 )
-from tiers.lm_protocol import Command
+from hybrid_connector.server.admission import Admission, Link
+from hybrid_connector.server.gate import ByteGate
+from hybrid_connector.server.plain import head_size as plain_head
+from hybrid_connector.server.reader import SPILL_LIMIT, FrameProtocol
+from hybrid_connector.server.room import Room, load_bound
+from hybrid_connector.server.service import Conn, Reply, Service, decode, error
+from hybrid_connector.tiers.lm_protocol import Command
 
 log = logging.getLogger(__name__)
 Buffer = bytes | bytearray | np.ndarray  # a frame body

@@ -24,11 +24,11 @@ from collections import Counter
 from typing import Any
 
 from hybrid_connector import assemble
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.config import ConfigError, HybridConfig, load_config
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.wire.convert import CLIENT_KEYS
-from tiers.manager import TierManager
+from hybrid_connector.core.config import ConfigError, HybridConfig, load_config
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.remote.wire.convert import CLIENT_KEYS
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.tiers.manager import TierManager
 
 
 class HelloError(ValueError):

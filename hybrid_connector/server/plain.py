@@ -25,9 +25,9 @@ import blake3
 import numpy as np
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers import lm_protocol
-from tiers.manager import TierManager
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers import lm_protocol
+from hybrid_connector.tiers.manager import TierManager
 
 _HEAD = struct.Struct("<4s6iH")
 _MAGIC = b"LMC1"
@@ -41,7 +41,7 @@ def plain_fingerprint(key: str) -> str:
 
 def plain_kind(key: str) -> ObjectKind:
     """The pool of a plain object: the kind our own remote tier writes into the key's model
-    field (``tiers.lm_protocol.kind_model``), KV for LMCache's keys."""
+    field (``hybrid_connector.tiers.lm_protocol.kind_model``), KV for LMCache's keys."""
     kind = lm_protocol.kind_of_model(key.split("@", 1)[0])
     return ObjectKind(kind) if kind is not None else ObjectKind.KV
 

@@ -22,8 +22,8 @@ import asyncio
 
 import msgspec
 
+from hybrid_connector.remote.wire import messages as m
 from hybrid_connector.server.gate import ByteGate
-from hybrid_connector.wire import messages as m
 
 _LOAD = msgspec.msgpack.Decoder(m.Load)
 

@@ -25,18 +25,18 @@ from typing import Any
 import msgspec
 import torch
 
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.config import HybridConfig
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.plan import LoadPlan, PlannedObject, SaveItem
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.index.plan import LoadPlan, PlannedObject, SaveItem
+from hybrid_connector.remote.wire import convert as cv
+from hybrid_connector.remote.wire import messages as m
+from hybrid_connector.remote.wire.frames import Code, Ext, FrameError, split_payloads
+from hybrid_connector.runtime.cache import HybridCache
 from hybrid_connector.server.models import HelloError, Models, ModelsFull
 from hybrid_connector.server.plain import PlainObjects
 from hybrid_connector.server.sessions import Held, LeaseRefused, Sessions
 from hybrid_connector.server.stats import server_stats
-from hybrid_connector.wire import convert as cv
-from hybrid_connector.wire import messages as m
-from hybrid_connector.wire.frames import Code, Ext, FrameError, split_payloads
-from tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TierManager
 
 log = logging.getLogger(__name__)
 VERSION = "hybrid-connector/1"

@@ -29,12 +29,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.config_server import ServerSettings
-from hybrid_connector.index_core import Lease
-from hybrid_connector.keys import ObjectKey
-from hybrid_connector.plan import LoadPlan, PlannedObject
-from hybrid_connector.radix import ObjectRef
+from hybrid_connector.core.config_server import ServerSettings
+from hybrid_connector.core.keys import ObjectKey
+from hybrid_connector.index.plan import LoadPlan, PlannedObject
+from hybrid_connector.index.state import Lease
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.tree.radix import ObjectRef
 
 Pool = str  # a budget pool's name (``TierSpec.kind_pool``)
 Cost = tuple[Pool, int] | None  # the room an object takes, None: no local room

@@ -10,7 +10,7 @@ from typing import Any
 from hybrid_connector.server.models import Models
 from hybrid_connector.server.plain import PlainObjects
 from hybrid_connector.server.sessions import Sessions
-from tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TierManager
 
 STARTED = time.time()
 PLAIN_PREFIX = "lmc-"  # server.plain's fingerprints

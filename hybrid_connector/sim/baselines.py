@@ -29,24 +29,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybrid_connector.config import HybridConfig, load_config
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
+from hybrid_connector.core.config import HybridConfig, load_config
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.policies import build
-from hybrid_connector.policies.accounting import (
+from hybrid_connector.policies.admission.checkpoints import EveryBlockAdmission, MarconiAdmission
+from hybrid_connector.policies.admission.placement_hook import PlacementAdmission
+from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
+from hybrid_connector.policies.eviction.accounting import (
     Accounting,
     CorrectedAccounting,
     ReferenceAccounting,
 )
-from hybrid_connector.policies.admission import EveryBlockAdmission, MarconiAdmission
-from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
-from hybrid_connector.policies.marconi import MarconiEviction
-from hybrid_connector.policies.placement_admission import PlacementAdmission
-from hybrid_connector.policies.shadow_tuner import ShadowTuner
-from hybrid_connector.policies.tuner import DEFAULT_GRID, AlphaTuner
-from hybrid_connector.policies.tuning import Tuner
-from hybrid_connector.sim.replay import CacheReplayer, shadow_factory
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.policies.tuning.base import Tuner
+from hybrid_connector.policies.tuning.grid import DEFAULT_GRID, AlphaTuner
+from hybrid_connector.policies.tuning.shadow import ShadowTuner
 from hybrid_connector.sim.store import Budget
+from hybrid_connector.sim.trace_replay import CacheReplayer, shadow_factory
 
 # What every spec shares unless it overrides: token-granular hits like the reference.
 SIM_BASE: dict[str, Any] = {"chunk_size": 256, "hash_block_size": 256, "alignment": 1}

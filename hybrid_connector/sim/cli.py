@@ -26,8 +26,8 @@ import json
 import sys
 from typing import Any
 
-from hybrid_connector.config import ConfigError, HybridConfig, load_config
-from hybrid_connector.config import parse_size as _parse_size
+from hybrid_connector.core.config import ConfigError, HybridConfig, load_config
+from hybrid_connector.core.config import parse_size as _parse_size
 
 GEN_SIZES = {
     "chat": (64, 10), "agentic": (16, 30), "docqa": (8, 400), "sysprompt": (4, 600), "oneshot": (1000, 3),
@@ -126,7 +126,7 @@ def _cache_size(cfg: HybridConfig, size: str | None) -> tuple[Any, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybrid_connector.model_presets import load_geometry
+    from hybrid_connector.geometry.presets import load_geometry
     from hybrid_connector.sim.baselines import baseline_specs
     from hybrid_connector.sim.simulate import run_spec
     from hybrid_connector.sim.traces import load_jsonl

@@ -3,7 +3,7 @@
 For each request, in trace order (a logical clock, no concurrency, as the reference does),
 a ``RequestSession`` runs it the way every engine integration does: lookup and load (the
 engine then unlocks), KV chunks and the checkpoints admission asks for past the hit, the
-rest of the KV and the final state at finish (see ``hybrid_connector.session`` for what an
+rest of the KV and the final state at finish (see ``hybrid_connector.runtime.session`` for what an
 engine can physically produce), plus anchor pages only for tokens it computed. Payloads
 are zero-stride tensors of the real byte sizes from the geometry; a ``SizeOnlyStore`` only
 accounts them.
@@ -17,16 +17,16 @@ from types import TracebackType
 import numpy as np
 import torch
 
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.config import HybridConfig
-from hybrid_connector.index_core import Policies
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import SaveItem
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import SaveItem
+from hybrid_connector.index.state import Policies
 from hybrid_connector.policies import build
-from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_pages
+from hybrid_connector.policies.admission.anchors import anchor_block_bytes, anchor_pages
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
-from hybrid_connector.session import RequestSession
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
 
 

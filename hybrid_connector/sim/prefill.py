@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybrid_connector.model import ModelGeometry
+from hybrid_connector.geometry.model import ModelGeometry
 
 RECURRENT_FAMILIES = ("mamba2", "gdn", "mamba1", "short_conv")
 

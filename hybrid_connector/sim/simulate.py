@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.policies import build
 from hybrid_connector.policies.base import EvictionPolicy
-from hybrid_connector.policies.marconi import MarconiEviction
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.sim.baselines import PolicySpec
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.prefill import PrefillModel

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from hybrid_connector.config import TIERS, HybridConfig
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.meta import ObjectMeta
-from tiers.ledger import TierSpec
-from tiers.manager import TierManager
-from tiers.tier import Tier, TierStats
+from hybrid_connector.core.config import TIERS, HybridConfig
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.core.meta import ObjectMeta
+from hybrid_connector.tiers.ledger import TierSpec
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.tier import Tier, TierStats
 
 _ONE = torch.zeros(1, dtype=torch.uint8)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_connector.model import ModelGeometry
+from hybrid_connector.geometry.model import ModelGeometry
 
 Record = dict[str, Any]
 

@@ -18,8 +18,8 @@ from hybrid_connector.bench.capacity import run_capacity
 from hybrid_connector.bench.objects import CorruptLoad, Verifier
 from hybrid_connector.bench.runner import AccountingError, PointResult, check
 from hybrid_connector.bench.schema import CapacityConfig, WorkloadSpec, load_capacity_config
-from hybrid_connector.config import ConfigError
-from tiers.executor import Executor
+from hybrid_connector.core.config import ConfigError
+from hybrid_connector.tiers.executor import Executor
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {

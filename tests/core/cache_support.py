@@ -15,13 +15,13 @@ import numpy as np
 import torch
 
 from hybrid_connector import assemble
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.config import load_config
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import SaveItem
-from hybrid_connector.policies.anchors import anchor_block_bytes
-from tiers.memory import MemoryStore
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import SaveItem
+from hybrid_connector.policies.admission.anchors import anchor_block_bytes
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.tiers.memory import MemoryStore
 
 # One GDN layer and one attention layer: KV 16 B/token, a checkpoint of 28 B.
 TINY = ModelGeometry.from_dict({

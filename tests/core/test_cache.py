@@ -13,9 +13,9 @@ from cache_support import (
 )
 
 from hybrid_connector import assemble
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.plan import SaveItem
-from tiers.memory import MemoryStore
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.index.plan import SaveItem
+from hybrid_connector.tiers.memory import MemoryStore
 
 GEO = TINY
 KVB = TINY.kv_bytes_per_token()
@@ -195,9 +195,9 @@ def test_finish_keeps_the_tail_chunk_an_aligned_final_checkpoint_needs():
 
 
 def test_one_batched_put_survives_demotion_within_the_batch():
-    from tiers.device import DeviceTier
-    from tiers.host import HostTier
-    from tiers.manager import TierManager
+    from hybrid_connector.tiers.device import DeviceTier
+    from hybrid_connector.tiers.host import HostTier
+    from hybrid_connector.tiers.manager import TierManager
 
     small = {ObjectKind.KV: 3 * CHUNK * KVB, ObjectKind.STATE: SB, ObjectKind.ANCHOR: 0}
     big = {ObjectKind.KV: 100 * CHUNK * KVB, ObjectKind.STATE: 100 * SB, ObjectKind.ANCHOR: 0}

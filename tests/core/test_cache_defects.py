@@ -22,13 +22,13 @@ from cache_support import (
 )
 
 from hybrid_connector import assemble
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.plan import SaveItem
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.index.plan import SaveItem
 from hybrid_connector.sim.store import Budget, SizeOnlyStore
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.manager import TierManager, build_store
-from tiers.memory import MemoryTier
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager, build_store
+from hybrid_connector.tiers.memory import MemoryTier
 
 KVB = TINY.kv_bytes_per_token()
 SB = TINY.state_bytes()

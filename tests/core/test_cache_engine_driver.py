@@ -11,12 +11,12 @@ import pytest
 from cache_support import CHUNK, SAVED, TINY, config, kv_items, made_for, state_item
 
 from hybrid_connector import assemble
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.keys import ObjectKind
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.memory import MemoryStore
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.memory import MemoryStore
 
 KVB = TINY.kv_bytes_per_token()
 SB = TINY.state_bytes()

@@ -29,12 +29,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hybrid_connector import assemble
-from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.memory import MemoryStore
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind, PrefixHasher
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.memory import MemoryStore
+from hybrid_connector.tiers.nvme import NvmeTier
 
 KVB = TINY.kv_bytes_per_token()
 SB = TINY.state_bytes()

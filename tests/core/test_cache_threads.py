@@ -30,12 +30,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from hybrid_connector import assemble
-from hybrid_connector.cache import HybridCache
-from hybrid_connector.keys import ObjectKind
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.memory import MemoryStore
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.memory import MemoryStore
 
 KVB = TINY.kv_bytes_per_token()
 SB = TINY.state_bytes()

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from hybrid_connector.cli import main
-from hybrid_connector.config import load_config
+from hybrid_connector.core.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,8 @@ def test_demo_report_matches_the_cache_and_the_trace(capsys, monkeypatch):
     """What the demo prints is what the cache counted and what the store holds, and the
     hits are what the trace guarantees: each later turn's prompt extends the previous
     turn's prompt + output, so it hits at least that conversation (alignment 16)."""
-    from hybrid_connector import demo
-    from hybrid_connector.keys import ObjectKind
+    from hybrid_connector.cli import demo
+    from hybrid_connector.core.keys import ObjectKind
     from hybrid_connector.sim.traces import multi_turn_chat
 
     caches = []
@@ -66,9 +66,9 @@ def test_demo_report_matches_the_cache_and_the_trace(capsys, monkeypatch):
 
 
 def test_demo_fails_on_a_corrupt_load(capsys, monkeypatch):
-    import tiers.manager
+    import hybrid_connector.tiers.manager
 
-    real = tiers.manager.build_store
+    real = hybrid_connector.tiers.manager.build_store
 
     def corrupting_store(cfg, device=None):
         store = real(cfg, device)
@@ -83,7 +83,7 @@ def test_demo_fails_on_a_corrupt_load(capsys, monkeypatch):
         store.executor.read = flip_first_byte  # what every load reads through
         return store
 
-    monkeypatch.setattr(tiers.manager, "build_store", corrupting_store)
+    monkeypatch.setattr(hybrid_connector.tiers.manager, "build_store", corrupting_store)
     assert main(["demo", "--sessions", "2", "--turns", "2", "--host-size", "512MiB"]) == 1
     captured = capsys.readouterr()
     assert "corrupt KV chunk" in captured.err and "verified" not in captured.out
@@ -107,8 +107,8 @@ def test_bad_arguments_exit_2_with_a_message_naming_them(capsys, argv, code, nee
 
 
 def test_inspect_reports_sizes_and_vllm_block(capsys):
-    from hybrid_connector.inspect_cmd import vllm_align_block
-    from hybrid_connector.model_presets import get_preset
+    from hybrid_connector.cli.inspect_cmd import vllm_align_block
+    from hybrid_connector.geometry.presets import get_preset
 
     assert vllm_align_block(get_preset("qwen3.5-4b")) == 528    # vLLM #40696
     assert vllm_align_block(get_preset("qwen3.5-0.8b")) == 544
@@ -132,11 +132,11 @@ def test_every_registered_command_exists():
 @pytest.mark.parametrize("entry, needles", [
     (("hybrid_connector.no_such_command", "add_parser"), ("hybrid_connector.no_such_command",)),
     (("hc_test_broken_cmd", "add_parser"), ("hc_test_broken_cmd", "hc_test_missing_dependency")),
-    (("hybrid_connector.demo", "no_such_hook"), ("hybrid_connector.demo", "no_such_hook")),
+    (("hybrid_connector.cli.demo", "no_such_hook"), ("hybrid_connector.cli.demo", "no_such_hook")),
 ])
 def test_a_registered_command_that_fails_to_load_is_a_clear_error(
         tmp_path, monkeypatch, capsys, entry, needles):
-    from hybrid_connector import cli
+    from hybrid_connector.cli import entry as cli
 
     (tmp_path / "hc_test_broken_cmd.py").write_text("import hc_test_missing_dependency\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -1,6 +1,6 @@
 import pytest
 
-from hybrid_connector.config import ConfigError, load_config, parse_size
+from hybrid_connector.core.config import ConfigError, load_config, parse_size
 
 
 def test_sizes():
@@ -185,8 +185,8 @@ def test_legacy_extra_config_tier_keys_move_to_the_typed_keys(tmp_path, caplog):
 
 
 def test_tiers_are_built_from_the_typed_keys(tmp_path):
-    from hybrid_connector.keys import ObjectKind
-    from tiers.manager import TierManager
+    from hybrid_connector.core.keys import ObjectKind
+    from hybrid_connector.tiers.manager import TierManager
 
     cfg = load_config(overrides={
         "local_disk": str(tmp_path / "d"), "max_local_disk_size": 0.001,

@@ -15,7 +15,9 @@ import torch
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from hybrid_connector.geometry_scaled import (  # noqa: E402
+from hybrid_connector.geometry.model import ModelGeometry  # noqa: E402
+from hybrid_connector.geometry.presets import get_preset  # noqa: E402
+from hybrid_connector.geometry.scaled import (  # noqa: E402
     CPU_KERNEL_ALIGNMENT,
     GPU_KERNEL_ALIGNMENT,
     cache_figures,
@@ -23,9 +25,7 @@ from hybrid_connector.geometry_scaled import (  # noqa: E402
     hybrid_block_size,
     scaled_geometry,
 )
-from hybrid_connector.geometry_scaled_hf import vllm_block_size, vllm_pages, write_hf_config  # noqa: E402
-from hybrid_connector.model import ModelGeometry  # noqa: E402
-from hybrid_connector.model_presets import get_preset  # noqa: E402
+from hybrid_connector.geometry.scaled_hf import vllm_block_size, vllm_pages, write_hf_config  # noqa: E402
 
 PRESETS = ("qwen3.5-4b", "nemotron-h-8b")
 TOL = 0.01  # state bytes (and state in KV tokens) within 1% of the real ones over s

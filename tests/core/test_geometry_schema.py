@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from hybrid_connector.geometry_schema import DIM_CLASSES, DIM_SCHEMAS, parse_geometry
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.model_presets import get_preset
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.geometry.schema import DIM_CLASSES, DIM_SCHEMAS, parse_geometry
 
 
 def base() -> dict[str, Any]:

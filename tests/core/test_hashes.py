@@ -8,8 +8,8 @@ from cache_support import kv_items, make_cache, state_item
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_connector.hashes import ChainHasher, EngineHashes
-from hybrid_connector.keys import ROOT_HASH, PrefixHasher
+from hybrid_connector.core.hashes import ChainHasher, EngineHashes
+from hybrid_connector.core.keys import ROOT_HASH, PrefixHasher
 
 
 @settings(max_examples=60, deadline=None)

@@ -6,7 +6,7 @@ import blake3
 import numpy as np
 import pytest
 
-from hybrid_connector.keys import (
+from hybrid_connector.core.keys import (
     ROOT_HASH,
     ObjectKey,
     ObjectKind,
@@ -15,7 +15,7 @@ from hybrid_connector.keys import (
     model_fingerprint,
     prefix_hash,
 )
-from hybrid_connector.meta import ObjectMeta
+from hybrid_connector.core.meta import ObjectMeta
 
 
 def test_chain_matches_hand_computation():
@@ -39,7 +39,7 @@ def test_prefix_hash_consistent_with_chain_and_cut_independent():
 
 
 def test_hash_stable_across_processes():
-    code = ("from hybrid_connector.keys import PrefixHasher;"
+    code = ("from hybrid_connector.core.keys import PrefixHasher;"
             "print(PrefixHasher(list(range(1000)), 16).at(999).hex())")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={"PYTHONHASHSEED": str(i)}).stdout for i in (1, 2)}

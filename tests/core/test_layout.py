@@ -1,4 +1,4 @@
-"""The one payload layout (``hybrid_connector.layout``): agreement with the geometry's byte
+"""The one payload layout (``hybrid_connector.payload.layout``): agreement with the geometry's byte
 figures for every preset, pack/unpack round trips and size errors, and the paged-KV view
 through vLLM's two block layouts, bit for bit, on CPU."""
 
@@ -10,14 +10,14 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-import kernels
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.layers import TensorSpec
-from hybrid_connector.layout import PayloadLayout, anchor_layout, kv_layout, state_layout
-from hybrid_connector.layout_paged import gather_paged_kv, scatter_paged_kv
-from hybrid_connector.model import AttentionDims, LayerSpec, Mamba2Dims, ModelGeometry
-from hybrid_connector.model_presets import PRESETS, get_preset
-from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_keep
+from hybrid_connector import kernels
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.layers import TensorSpec
+from hybrid_connector.geometry.model import AttentionDims, LayerSpec, Mamba2Dims, ModelGeometry
+from hybrid_connector.geometry.presets import PRESETS, get_preset
+from hybrid_connector.payload.layout import PayloadLayout, anchor_layout, kv_layout, state_layout
+from hybrid_connector.payload.paged import gather_paged_kv, scatter_paged_kv
+from hybrid_connector.policies.admission.anchors import anchor_block_bytes, anchor_keep
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hybrid_connector.model import (
+from hybrid_connector.geometry.model import (
     AttentionDims,
     FFNKind,
     FlopBreakdown,
@@ -35,7 +35,7 @@ from hybrid_connector.model import (
     ref_node_savings,
     ref_state_bytes,
 )
-from hybrid_connector.model_presets import (
+from hybrid_connector.geometry.presets import (
     EXTRA_TINY_ARCHS,
     PRESETS,
     TINY_ARCHS,

@@ -8,8 +8,8 @@ from importlib import resources
 import pytest
 import yaml
 
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.model_presets import PRESETS, get_preset
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.geometry.presets import PRESETS, get_preset
 
 PRESET_DIR = resources.files("hybrid_connector") / "presets"
 

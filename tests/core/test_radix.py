@@ -3,8 +3,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.radix import IntegrityError, ObjectRef, RadixTree
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tree.radix import IntegrityError, ObjectRef, RadixTree
 
 
 def ref(kind, start, end, nbytes=10):

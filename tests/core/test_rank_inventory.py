@@ -7,11 +7,11 @@ from __future__ import annotations
 from cache_support import TINY, config
 
 from hybrid_connector import assemble
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.ranks import RankGather
-from tiers.backend import Backend
-from tiers.ledger import TierSpec
-from tiers.ops import Remove
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.runtime.ranks import RankGather
+from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.ledger import TierSpec
+from hybrid_connector.tiers.ops import Remove
 
 
 def test_only_what_every_rank_holds_is_adopted_the_rest_removed() -> None:

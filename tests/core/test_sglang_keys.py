@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_connector.integrations.sglang_keys import (
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.integrations.sglang.keys import (
     PageKeys,
     hash_bytes,
     pool_restorable,
     restorable_prefixes,
 )
-from hybrid_connector.keys import ObjectKind
 
 SHARD = {"tp_rank": 0, "tp_size": 2}
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 from cache_support import TINY, make_cache, state_item
 
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import SaveItem
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import SaveItem
 
 TINY_STATE = ModelGeometry.from_dict({
     **{k: v for k, v in TINY.to_dict().items() if k not in ("attention", "mlp")},

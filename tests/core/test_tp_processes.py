@@ -14,13 +14,13 @@ from cache_support import config
 from tp_worker import main as worker_main
 
 from hybrid_connector import assemble
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import ObjectSpec
-from hybrid_connector.ranks import RankGather
-from hybrid_connector.session import cut_chunks
-from tiers.backend import Backend
-from tiers.ledger import TierSpec
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import ObjectSpec
+from hybrid_connector.runtime.ranks import RankGather
+from hybrid_connector.runtime.session import cut_chunks
+from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.ledger import TierSpec
 
 # A hybrid that shards over 2 ranks: per rank KV 16 B/token, a 40 B checkpoint.
 GEO = ModelGeometry.from_dict({

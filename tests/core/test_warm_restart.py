@@ -11,10 +11,10 @@ import torch
 from cache_support import SAVED, TINY, config, kv_items, made_for, payload
 
 from hybrid_connector import assemble
-from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher
-from hybrid_connector.meta import ObjectMeta
-from hybrid_connector.session import RequestSession
-from tiers.manager import build_store
+from hybrid_connector.core.keys import ObjectKey, ObjectKind, PrefixHasher
+from hybrid_connector.core.meta import ObjectMeta
+from hybrid_connector.runtime.session import RequestSession
+from hybrid_connector.tiers.manager import build_store
 
 
 def disk_config(path: Path, disk=None, **over):

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.ranks import RankWorker
-from tiers.executor import Executor
-from tiers.host import HostTier
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.runtime.ranks import RankWorker
+from hybrid_connector.tiers.executor import Executor
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.nvme import NvmeTier
 
 
 def shard(rank: int, tokens: np.ndarray, kind: ObjectKind, start: int, end: int,

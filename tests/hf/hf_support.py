@@ -13,17 +13,17 @@ import torch
 
 pytest.importorskip("transformers")
 
-from hybrid_connector.config import HybridConfig, load_config  # noqa: E402
-from hybrid_connector.integrations.hf import HFRuntime  # noqa: E402
-from hybrid_connector.integrations.hf_quality import long_memory_  # noqa: E402
-from hybrid_connector.integrations.hf_state import (  # noqa: E402
+from hybrid_connector.core.config import HybridConfig, load_config  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.geometry.tiny import tiny_hf_model  # noqa: E402
+from hybrid_connector.integrations.hf.quality import long_memory_  # noqa: E402
+from hybrid_connector.integrations.hf.runtime import HFRuntime  # noqa: E402
+from hybrid_connector.integrations.hf.state import (  # noqa: E402
     HFStateAdapter,
     model_forward,
     new_model_cache,
 )
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from hybrid_connector.model_tiny import tiny_hf_model  # noqa: E402
-from tiers.memory import MemoryStore  # noqa: E402
+from hybrid_connector.tiers.memory import MemoryStore  # noqa: E402
 
 ARCHS = ("qwen3_5", "qwen3_next", "nemotron_h", "bamba", "jamba", "falcon_h1", "granitemoehybrid",
          "lfm2")
@@ -255,11 +255,11 @@ def small_tier_store(model: Any, path: Any) -> Any:
     """Device and host tiers holding about one state and three KV chunks of ``model`` (so
     older objects are pushed down as later requests save) over a large NVMe tier at
     ``path`` (no fsync)."""
-    from hybrid_connector.keys import ObjectKind
-    from tiers.device import DeviceTier
-    from tiers.host import HostTier
-    from tiers.manager import TierManager
-    from tiers.nvme import NvmeTier
+    from hybrid_connector.core.keys import ObjectKind
+    from hybrid_connector.tiers.device import DeviceTier
+    from hybrid_connector.tiers.host import HostTier
+    from hybrid_connector.tiers.manager import TierManager
+    from hybrid_connector.tiers.nvme import NvmeTier
 
     probe = runtime(model)
     state_b, kv_b = probe.adapter.state_nbytes(), probe.adapter.kv_nbytes(16)

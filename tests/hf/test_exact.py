@@ -20,8 +20,8 @@ from hf_support import (
     tiny_model,
 )
 
-from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
-from hybrid_connector.model import ModelGeometry
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.integrations.hf.state import HFStateAdapter, new_model_cache
 
 TOL = 1e-4
 N_NEW = 16

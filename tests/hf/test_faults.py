@@ -15,9 +15,9 @@ from hf_support import (
     tiny_model,
 )
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.manager import TierManager
-from tiers.memory import MemoryTier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.memory import MemoryTier
 
 
 def test_failed_load_recomputes() -> None:

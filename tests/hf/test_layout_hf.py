@@ -1,6 +1,6 @@
 """The transformers runtime packs exactly the geometry's payload layout
-(``hybrid_connector.layout``), byte for byte what each family's cache holds, and moves the
-bytes through ``kernels/``: on the torch path, and on the CUDA path (the real ``.cu`` sources
+(``hybrid_connector.payload.layout``), byte for byte what each family's cache holds, and moves the
+bytes through ``hybrid_connector/kernels/``: on the torch path, and on the CUDA path (the real ``.cu`` sources
 compiled for the host) with bit-identical results."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pytest
 import torch
 from hf_support import ARCHS, config, random_tokens, runtime, state_mismatches, tiny_model
 
-import kernels
-from hybrid_connector.integrations.hf_state import HFStateAdapter, decoder_layers, new_model_cache
-from hybrid_connector.layout import anchor_layout, kv_layout, state_layout
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.policies.anchors import anchor_block_bytes
+from hybrid_connector import kernels
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.integrations.hf.state import HFStateAdapter, decoder_layers, new_model_cache
+from hybrid_connector.payload.layout import anchor_layout, kv_layout, state_layout
+from hybrid_connector.policies.admission.anchors import anchor_block_bytes
 
 PAGE, RHO = 16, 0.25
 

@@ -22,9 +22,7 @@ import torch
 from hf_support import config, memory_store
 
 from hybrid_connector import assemble
-from hybrid_connector.integrations.hf import HFRuntime
-from hybrid_connector.integrations.hf_state import HFStateAdapter
-from hybrid_connector.model import (
+from hybrid_connector.geometry.model import (
     AttentionDims,
     FFNKind,
     GDNDims,
@@ -33,6 +31,8 @@ from hybrid_connector.model import (
     MLPDims,
     ModelGeometry,
 )
+from hybrid_connector.integrations.hf.runtime import HFRuntime
+from hybrid_connector.integrations.hf.state import HFStateAdapter
 
 _SMALL: dict[str, Any] = {
     "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
@@ -138,7 +138,7 @@ def test_create_refuses_zamba_by_name() -> None:
 
 def test_a_model_without_decoder_layers_is_refused_by_class() -> None:
     """Decoder layers are looked for under model.language_model, model and backbone."""
-    from hybrid_connector.integrations.hf_state import decoder_base
+    from hybrid_connector.integrations.hf.state import decoder_base
 
     class Headless(torch.nn.Module):
         pass

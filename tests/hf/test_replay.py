@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from hf_support import ALL_ARCHS, config, random_tokens, runtime, tiny_model
 
-from hybrid_connector.integrations.hf_quality import calibrate_gate, measure_replay
-from hybrid_connector.integrations.hf_replay import NO_REPLAY
-from hybrid_connector.replay import ReplayGate, ReplayQuality
+from hybrid_connector.integrations.hf.quality import calibrate_gate, measure_replay
+from hybrid_connector.integrations.hf.replay import NO_REPLAY
+from hybrid_connector.runtime.suffix_replay import ReplayGate, ReplayQuality
 
 PAGE = 16
 

@@ -27,8 +27,8 @@ from hf_support import (
     tiny_model,
 )
 
-from hybrid_connector.integrations.hf import HFRuntime
-from hybrid_connector.integrations.hf_state import HFStateAdapter
+from hybrid_connector.integrations.hf.runtime import HFRuntime
+from hybrid_connector.integrations.hf.state import HFStateAdapter
 
 TOL = 1e-4  # the logits tolerance of the exactness tests
 P = 70  # the checkpoint every corrupted restore starts from

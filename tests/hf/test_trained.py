@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from hf_support import config, runtime
 
-from hybrid_connector.integrations.hf_quality import calibrate_gate
-from hybrid_connector.integrations.hf_trained import (
+from hybrid_connector.integrations.hf.quality import calibrate_gate
+from hybrid_connector.integrations.hf.trained import (
     TRAINED_DIR,
     corpus_files,
     corpus_tokens,
@@ -17,7 +17,7 @@ from hybrid_connector.integrations.hf_trained import (
     load_trained_model,
     mean_loss,
 )
-from hybrid_connector.replay import ReplayGate
+from hybrid_connector.runtime.suffix_replay import ReplayGate
 
 # Measured on the shipped model (rho = 1, page 16, p = 192, held-out window 3 of 256 bytes):
 # replaying 4 anchors passes the default thresholds (KL <= 0.05, top-1 >= 0.9; measured KL

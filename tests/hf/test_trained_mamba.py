@@ -15,14 +15,14 @@ from hf_support import (
     small_tier_store,
 )
 
-from hybrid_connector.integrations.hf_quality import calibrate_gate
-from hybrid_connector.integrations.hf_trained import (
+from hybrid_connector.integrations.hf.quality import calibrate_gate
+from hybrid_connector.integrations.hf.trained import (
     corpus_tokens,
     load_trained_model,
     mean_loss,
     trained_dir,
 )
-from hybrid_connector.replay import ReplayGate
+from hybrid_connector.runtime.suffix_replay import ReplayGate
 
 ARCH = "nemotron_h"
 N_NEW = 16

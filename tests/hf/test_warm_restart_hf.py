@@ -14,9 +14,9 @@ from hf_support import (
     tiny_model,
 )
 
-from hybrid_connector.keys import ObjectKind
-from tiers.manager import TierManager
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.nvme import NvmeTier
 
 
 def nvme_store(path: Path) -> TierManager:

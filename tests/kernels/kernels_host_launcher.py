@@ -1,4 +1,4 @@
-"""Runs the real ``kernels/*.cu`` sources on the CPU, for tests without a GPU.
+"""Runs the real ``hybrid_connector/kernels/*.cu`` sources on the CPU, for tests without a GPU.
 
 Each ``.cu`` file is compiled by a host C++ compiler behind a small shim that maps
 ``__global__``/``__device__`` away, ``blockIdx``/``threadIdx`` to variables and
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "hybrid_connector" / "kernels"
 
 SHIM = r"""
 #include <barrier>
@@ -80,7 +80,7 @@ def _trampolines(kernels: dict[str, int], threaded: bool) -> str:
 
 
 class HostLauncher:
-    """A ``kernels._launch.Launcher`` that executes the CUDA C sources on the host."""
+    """A ``hybrid_connector.kernels._launch.Launcher`` that executes the CUDA C sources on the host."""
 
     name = "host"
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from kernels_reference import e4m3_value, ref_pack
 
-import kernels
-from kernels import PackedAnchors
+from hybrid_connector import kernels
+from hybrid_connector.kernels import PackedAnchors
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 

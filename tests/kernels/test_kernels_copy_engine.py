@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-import kernels
-from tiers.copy_engine import (
+from hybrid_connector import kernels
+from hybrid_connector.tiers.copy_engine import (
     CopyEngine,
     LayerCancelledError,
     LayerTransfer,

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-import kernels
-from tiers.copy_engine import CopyEngine, LayerTransfer
+from hybrid_connector import kernels
+from hybrid_connector.tiers.copy_engine import CopyEngine, LayerTransfer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

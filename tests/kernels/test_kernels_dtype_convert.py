@@ -1,4 +1,4 @@
-"""The CUDA kernels' scalar conversions (kernels/dtype_convert.cuh), compiled for the
+"""The CUDA kernels' scalar conversions (hybrid_connector/kernels/dtype_convert.cuh), compiled for the
 host, must round exactly like torch: this is what makes the CUDA and torch paths
 bit-identical, including the fp8 path."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "hybrid_connector" / "kernels"
 
 HARNESS = r"""
 #include <cstdio>

@@ -14,7 +14,7 @@ import pytest
 import torch
 from kernels_host_launcher import HostLauncher
 
-import kernels
+from hybrid_connector import kernels
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -1,4 +1,4 @@
-"""``import kernels`` and CPU calls never try to import cupy (it is optional)."""
+"""``from hybrid_connector import kernels`` and CPU calls never try to import cupy (it is optional)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ class Spy:
             attempts.append(name)
         return None
 sys.meta_path.insert(0, Spy())
-import torch, kernels
-from tiers import copy_engine
+import torch
+from hybrid_connector import kernels
+from hybrid_connector.tiers import copy_engine
 h = torch.randn(4, 8)
 kernels.pack_anchors(h, [1, 2], dtype=torch.float8_e4m3fn)
 kernels.gather_kv_blocks(torch.zeros(2, 3, 16, 1, 8), [0])

@@ -8,8 +8,8 @@ import pytest
 import torch
 from kernels_reference import ref_kv_gather, ref_kv_scatter
 
-import kernels
-from kernels.paged_kv import buffer_shape, layout_for_backend
+from hybrid_connector import kernels
+from hybrid_connector.kernels.paged_kv import buffer_shape, layout_for_backend
 
 
 def _cache(layout: str, nb: int, bs: int, h: int, d: int, dtype: torch.dtype, hnd: bool, seed: int) -> torch.Tensor:

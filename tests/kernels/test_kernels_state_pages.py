@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-import kernels
-from kernels.state_pages import CHUNK_BYTES, prepare
+from hybrid_connector import kernels
+from hybrid_connector.kernels.state_pages import CHUNK_BYTES, prepare
 
 
 def _layer_states(slots: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

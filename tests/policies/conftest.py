@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_connector.config import HybridConfig, load_config
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.model_presets import get_preset
+from hybrid_connector.core.config import HybridConfig, load_config
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.geometry.presets import get_preset
 
 
 @pytest.fixture(scope="session")

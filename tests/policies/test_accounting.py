@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_connector.model import ref_attn_flops, ref_mamba_flops, ref_mlp_flops
-from hybrid_connector.model_presets import get_preset, marconi_ref_params
-from hybrid_connector.policies.accounting import CorrectedAccounting, ReferenceAccounting
+from hybrid_connector.geometry.model import ref_attn_flops, ref_mamba_flops, ref_mlp_flops
+from hybrid_connector.geometry.presets import get_preset, marconi_ref_params
+from hybrid_connector.policies.eviction.accounting import CorrectedAccounting, ReferenceAccounting
 
 
 def test_corrected_efficiency_is_edge_flops_over_freed_bytes(geo) -> None:

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from hybrid_connector import assemble
-from hybrid_connector.config import load_config
-from hybrid_connector.keys import ObjectKind
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.policies import build
-from hybrid_connector.policies.accounting import ReferenceAccounting
-from hybrid_connector.policies.lru import LRUEviction
-from hybrid_connector.policies.marconi import MarconiEviction, recency, utility
-from hybrid_connector.policies.marconi_fullwalk import FullWalkMarconi
+from hybrid_connector.policies.eviction.accounting import ReferenceAccounting
+from hybrid_connector.policies.eviction.lru import LRUEviction
+from hybrid_connector.policies.eviction.marconi import MarconiEviction, recency, utility
+from hybrid_connector.policies.eviction.marconi_fullwalk import FullWalkMarconi
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.store import Budget
 from hybrid_connector.sim.traces import agentic, multi_turn_chat, shared_document_qa
@@ -59,7 +59,7 @@ def _replay(sim: Simulator, records) -> None:
 )
 def test_incremental_index_matches_full_walk(geo, sim_config, alpha, refresh_path, reference, pooled,
                                              score) -> None:
-    from hybrid_connector.policies.accounting import CorrectedAccounting
+    from hybrid_connector.policies.eviction.accounting import CorrectedAccounting
 
     acct = ReferenceAccounting if reference else CorrectedAccounting
     pol = Checked(alpha=alpha, refresh_path=refresh_path, accounting=acct, score=score)
@@ -166,8 +166,8 @@ def test_default_cache_with_marconi_runs_and_tunes(geo) -> None:
 def test_index_matches_full_walk_under_state_pressure_with_placement(geo, sim_config) -> None:
     """Many single-child checkpoints (placement) and a tight state pool: STATE victims,
     merges and chain re-basing all go through the incremental index."""
-    from hybrid_connector.policies.admission import MarconiAdmission
-    from hybrid_connector.policies.placement_admission import PlacementAdmission
+    from hybrid_connector.policies.admission.checkpoints import MarconiAdmission
+    from hybrid_connector.policies.admission.placement_hook import PlacementAdmission
 
     pol = Checked(alpha=1.5)
     budget = Budget.per_kind({ObjectKind.KV: int(3e9), ObjectKind.STATE: int(0.6e9)})

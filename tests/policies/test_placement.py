@@ -5,16 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid_connector.policies import _hull_native
-from hybrid_connector.policies.admission import MarconiAdmission
-from hybrid_connector.policies.placement import (
+from hybrid_connector.policies.admission import _hull_native
+from hybrid_connector.policies.admission.checkpoints import MarconiAdmission
+from hybrid_connector.policies.admission.placement import (
     balanced,
     brute_force,
     expected_recompute,
     solve_dp,
 )
-from hybrid_connector.policies.placement_admission import DepthHistogram, PlacementAdmission
-from hybrid_connector.radix import RadixTree
+from hybrid_connector.policies.admission.placement_hook import DepthHistogram, PlacementAdmission
+from hybrid_connector.tree.radix import RadixTree
 
 
 def test_expected_recompute_by_hand() -> None:
@@ -110,7 +110,11 @@ def test_placement_admission_requests_dp_positions() -> None:
 
 
 def test_anchor_pages_and_bytes(geo) -> None:
-    from hybrid_connector.policies.anchors import anchor_block_bytes, anchor_keep, anchor_pages
+    from hybrid_connector.policies.admission.anchors import (
+        anchor_block_bytes,
+        anchor_keep,
+        anchor_pages,
+    )
 
     assert anchor_pages(0, 200, 64) == [(0, 64), (64, 128), (128, 192)]
     assert anchor_pages(65, 256, 64) == [(128, 192), (192, 256)]  # only fully computed pages

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid_connector.config import load_config
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.policies.marconi import MarconiEviction, product_utility, utility
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.policies.eviction.marconi import MarconiEviction, product_utility, utility
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.store import Budget
 
@@ -78,8 +78,8 @@ def test_anchor_admission_shared_saves_pages_only_inside_tokens_seen_before(geo,
 
 
 def test_tree_placement_keeps_one_branch_depths_off_another_branch() -> None:
-    from hybrid_connector.policies.placement_admission import DepthHistogram
-    from hybrid_connector.policies.placement_tree import TreeDepths, bin_chain
+    from hybrid_connector.policies.admission.placement_hook import DepthHistogram
+    from hybrid_connector.policies.admission.placement_tree import TreeDepths, bin_chain
 
     trunk = _toks(1024)
     a = np.concatenate([trunk, _toks(1024)])

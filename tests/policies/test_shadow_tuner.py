@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from hybrid_connector import assemble
-from hybrid_connector.config import load_config
-from hybrid_connector.model_presets import get_preset
-from hybrid_connector.policies.marconi import MarconiEviction
-from hybrid_connector.policies.shadow_tuner import ShadowTuner, candidates
-from hybrid_connector.policies.tuning import LRU, Candidate, TunerRequest
+from hybrid_connector.core.config import load_config
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.policies.tuning.base import LRU, Candidate, TunerRequest
+from hybrid_connector.policies.tuning.shadow import ShadowTuner, candidates
 from hybrid_connector.sim.baselines import baseline_specs
 from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.simulate import run_once
@@ -177,7 +177,7 @@ BASE = {"alpha_objective": "token_hits"}
 
 
 def _footprint(recs) -> int:
-    from hybrid_connector.radix import RadixTree
+    from hybrid_connector.tree.radix import RadixTree
 
     tree = RadixTree()
     for r in recs:

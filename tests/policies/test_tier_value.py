@@ -11,12 +11,12 @@ import pytest
 
 from hybrid_connector import assemble
 from hybrid_connector.bench.schema import CapacityConfig
-from hybrid_connector.config import ConfigError, load_config
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.model_presets import load_geometry
-from hybrid_connector.plan import SaveItem
-from hybrid_connector.policies.tier_value import TierValue, likelihood, since_of
+from hybrid_connector.core.config import ConfigError, load_config
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.geometry.presets import load_geometry
+from hybrid_connector.index.plan import SaveItem
+from hybrid_connector.policies.eviction.tier_value import TierValue, likelihood, since_of
 
 K = ObjectKind
 QWEN = load_geometry("qwen3.5-4b")

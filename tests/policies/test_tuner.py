@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid_connector.policies.accounting import CorrectedAccounting
-from hybrid_connector.policies.admission import MarconiAdmission
-from hybrid_connector.policies.marconi import MarconiEviction
-from hybrid_connector.policies.tuner import AlphaTuner, TunerRequest
+from hybrid_connector.policies.admission.checkpoints import MarconiAdmission
+from hybrid_connector.policies.eviction.accounting import CorrectedAccounting
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.policies.tuning.grid import AlphaTuner, TunerRequest
 from hybrid_connector.sim.engine import Simulator
-from hybrid_connector.sim.replay import CacheReplayer
 from hybrid_connector.sim.store import Budget
+from hybrid_connector.sim.trace_replay import CacheReplayer
 from hybrid_connector.sim.traces import agentic, multi_turn_chat
 
 
@@ -107,7 +107,7 @@ def test_real_replays_pick_different_alphas_for_different_workloads(geo, sim_con
 def test_cache_close_stops_the_tuner_thread_and_is_idempotent(geo, sim_config) -> None:
     import threading
 
-    from hybrid_connector.policies.lru import LRUEviction
+    from hybrid_connector.policies.eviction.lru import LRUEviction
 
     tuner = AlphaTuner(length_replayer, grid=(0.0, 1.0), bootstrap_multiplier=1,
                        retune_interval=0, background=True, min_window=1)

@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from hybrid_connector.model_presets import get_preset
-from hybrid_connector.policies.marconi import MarconiEviction
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.sim.baselines import baseline_specs
 from hybrid_connector.sim.simulate import run_once
 from hybrid_connector.sim.traces_blog import blog_agentic, blog_chat

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from hybrid_connector.cli import main
-from hybrid_connector.config import ConfigError, load_config
+from hybrid_connector.core.config import ConfigError, load_config
 from hybrid_connector.policies import build
-from hybrid_connector.policies.shadow_tuner import ShadowTuner
-from hybrid_connector.policies.tuning import Candidate, TunerRequest
+from hybrid_connector.policies.tuning.base import Candidate, TunerRequest
+from hybrid_connector.policies.tuning.shadow import ShadowTuner
 from hybrid_connector.sim.traces import agentic, save_jsonl
 
 GRID = (0.0, 0.5, 1.0)

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from raw_client import Raw, lm_key
 
-from hybrid_connector.client.server_cache import ServerCache
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model_presets import get_preset
-from hybrid_connector.session import RequestSession
-from hybrid_connector.wire.frames import Code
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.remote.client.server_cache import ServerCache
+from hybrid_connector.remote.wire.frames import Code
+from hybrid_connector.runtime.session import RequestSession
 
 GEO = get_preset("qwen3.5-0.8b")
 

@@ -9,9 +9,9 @@ import time
 
 import msgspec
 
-from hybrid_connector.config_server import host_port
-from hybrid_connector.wire import messages as m
-from hybrid_connector.wire.frames import (
+from hybrid_connector.core.config_server import host_port
+from hybrid_connector.remote.wire import messages as m
+from hybrid_connector.remote.wire.frames import (
     REPLY_BYTES,
     Ext,
     body_length,
@@ -19,7 +19,7 @@ from hybrid_connector.wire.frames import (
     request,
     split_body,
 )
-from tiers.lm_protocol import SERVER, Command, key_string
+from hybrid_connector.tiers.lm_protocol import SERVER, Command, key_string
 
 FMT_BINARY, DTYPE_UINT8 = 4, 6
 

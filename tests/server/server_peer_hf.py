@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from cross_peer_hf import serve_branching_pair  # noqa: E402
 from hf_support import config, tiny_model  # noqa: E402
 
-from hybrid_connector.integrations.hf import HFRuntime  # noqa: E402
+from hybrid_connector.integrations.hf.runtime import HFRuntime  # noqa: E402
 
 
 def server_mode(url: str):  # type: ignore[no-untyped-def]

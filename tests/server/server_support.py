@@ -21,7 +21,7 @@ from typing import Any
 import uvloop
 import yaml
 
-from hybrid_connector.config import HybridConfig, load_config
+from hybrid_connector.core.config import HybridConfig, load_config
 from hybrid_connector.server.app import Server
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,12 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybrid_connector.config import load_config
-from hybrid_connector.model_presets import get_preset
-from hybrid_connector.server.service import Conn, Service
-from hybrid_connector.wire import convert as cv
-from hybrid_connector.wire import messages as m
-from hybrid_connector.wire.frames import (
+from hybrid_connector.core.config import load_config
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.remote.wire import convert as cv
+from hybrid_connector.remote.wire import messages as m
+from hybrid_connector.remote.wire.frames import (
     EXT,
     HEADER_BYTES,
     PLAIN,
@@ -29,7 +28,8 @@ from hybrid_connector.wire.frames import (
     split_body,
     split_payloads,
 )
-from tiers.manager import build_store
+from hybrid_connector.server.service import Conn, Service
+from hybrid_connector.tiers.manager import build_store
 
 FAST = settings(max_examples=3000, deadline=None, suppress_health_check=list(HealthCheck))
 COMMANDS = sorted(PLAIN | EXT) + [0, -1, 6, 100, 114, 2**31 - 1]

@@ -18,10 +18,10 @@ from server_support import served, server_config
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tiers"))
 from tier_helpers import DTYPES, make_key, make_payload, same_bits  # noqa: E402
 
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from tiers.host import HostTier  # noqa: E402
-from tiers.manager import TierManager  # noqa: E402
-from tiers.remote import RemoteTier  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.tiers.host import HostTier  # noqa: E402
+from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.remote import RemoteTier  # noqa: E402
 
 K = ObjectKind
 

@@ -18,9 +18,9 @@ from server_support import ServerProcess
 from tier_servers import free_port
 
 from hybrid_connector.cli import build_parser
-from hybrid_connector.client.admin import ping
+from hybrid_connector.remote.client.admin import ping
 from hybrid_connector.server.cli import config_of
-from tiers.machine import check_sizes
+from hybrid_connector.tiers.machine import check_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 

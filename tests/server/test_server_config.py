@@ -10,8 +10,8 @@ import yaml
 
 from hybrid_connector import assemble
 from hybrid_connector.cli import build_parser
-from hybrid_connector.config import ConfigError, load_config
-from hybrid_connector.model_presets import get_preset
+from hybrid_connector.core.config import ConfigError, load_config
+from hybrid_connector.geometry.presets import get_preset
 from hybrid_connector.server.cli import overrides
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def test_tier_keys_are_refused_in_server_mode() -> None:
 def test_unreachable_server_fails_loudly_at_construction() -> None:
     from tier_servers import free_port
 
-    from hybrid_connector.client.connection import ServerUnavailable
+    from hybrid_connector.remote.client.connection import ServerUnavailable
 
     cfg = load_config(overrides={"cache_server": {"url": f"hc://127.0.0.1:{free_port()}",
                                                   "timeout_s": 2.0}}, environ={})

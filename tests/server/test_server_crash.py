@@ -23,7 +23,7 @@ from fault_support import (
 from raw_client import Raw, lm_key
 from server_support import ServerProcess, client_config, server_config
 
-from hybrid_connector.client.server_cache import ServerCache
+from hybrid_connector.remote.client.server_cache import ServerCache
 
 
 # ---------------------------------------------------------------- kill and restart

@@ -20,13 +20,13 @@ from raw_client import Raw, lm_key
 from server_support import client_config, served, server_config
 
 from hybrid_connector import assemble
-from hybrid_connector.client import admin
-from hybrid_connector.client.connection import ServerRefused
-from hybrid_connector.client.server_cache import ServerCache
-from hybrid_connector.wire import convert as cv
-from hybrid_connector.wire import messages as m
-from hybrid_connector.wire.frames import CLIENT, HEADER_BYTES, Code, Ext, request
-from tiers.lm_protocol import Command
+from hybrid_connector.remote.client import admin
+from hybrid_connector.remote.client.connection import ServerRefused
+from hybrid_connector.remote.client.server_cache import ServerCache
+from hybrid_connector.remote.wire import convert as cv
+from hybrid_connector.remote.wire import messages as m
+from hybrid_connector.remote.wire.frames import CLIENT, HEADER_BYTES, Code, Ext, request
+from hybrid_connector.tiers.lm_protocol import Command
 
 TOKEN = "s3cret-token-0123"
 LIMITS = {"frame_timeout_s": 1.0, "min_rate": 1 << 30, "idle_timeout_s": 2.0,

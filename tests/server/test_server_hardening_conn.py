@@ -21,10 +21,10 @@ from fault_support import healthy, payload, wait_for
 from raw_client import Raw, lm_key
 from server_support import ServerProcess, served, server_config
 
-from hybrid_connector.client import admin
-from hybrid_connector.wire import messages as m
-from hybrid_connector.wire.frames import Code, Ext, request
-from tiers.lm_protocol import Command
+from hybrid_connector.remote.client import admin
+from hybrid_connector.remote.wire import messages as m
+from hybrid_connector.remote.wire.frames import Code, Ext, request
+from hybrid_connector.tiers.lm_protocol import Command
 
 TOKEN = "s3cret-token-0123"
 ADMIN = "admin-token-4567"
@@ -300,7 +300,7 @@ def test_http_can_listen_on_its_own_host(tmp_path: Path) -> None:
 def test_the_new_bounds_are_checked_at_load() -> None:
     from pydantic import ValidationError
 
-    from hybrid_connector.config_server import ServerSettings
+    from hybrid_connector.core.config_server import ServerSettings
 
     with pytest.raises(ValidationError, match="does not fit in max_auth_frame_bytes"):
         ServerSettings.model_validate({"token": "x" * 2000, "max_auth_frame_bytes": 1024})

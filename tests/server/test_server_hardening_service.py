@@ -16,13 +16,13 @@ from raw_client import Raw, lm_key
 from server_support import client_config, served, server_config
 
 from hybrid_connector import assemble
-from hybrid_connector.client.server_cache import ServerCache
-from hybrid_connector.config import HybridConfig, load_config
+from hybrid_connector.core.config import HybridConfig, load_config
+from hybrid_connector.remote.client.server_cache import ServerCache
+from hybrid_connector.remote.wire import convert as cv
+from hybrid_connector.remote.wire import messages as m
+from hybrid_connector.remote.wire.frames import Code, Ext, request
 from hybrid_connector.server.sessions import Sessions
-from hybrid_connector.wire import convert as cv
-from hybrid_connector.wire import messages as m
-from hybrid_connector.wire.frames import Code, Ext, request
-from tiers.lm_protocol import Command
+from hybrid_connector.tiers.lm_protocol import Command
 
 LIMITS = {"frame_timeout_s": 1.0, "min_rate": 1 << 30, "idle_timeout_s": 2.0,
           "max_object_bytes": 32 << 20, "max_frame_bytes": 64 << 20}

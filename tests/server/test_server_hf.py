@@ -18,8 +18,8 @@ from server_support import ROOT, ServerProcess, server_config
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "hf"))
 from hf_support import assert_exact_hit, random_tokens, tiny_model  # noqa: E402
 
-from hybrid_connector.client.server_cache import ServerCache  # noqa: E402
-from hybrid_connector.integrations.hf import HFRuntime  # noqa: E402
+from hybrid_connector.integrations.hf.runtime import HFRuntime  # noqa: E402
+from hybrid_connector.remote.client.server_cache import ServerCache  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from server_support import ROOT, served
 
-from hybrid_connector.client import admin
+from hybrid_connector.remote.client import admin
 
 _spec = importlib.util.spec_from_file_location("server_load",
                                                ROOT / "benchmarks" / "server_load.py")

@@ -11,10 +11,10 @@ import torch
 from server_support import client_config, served, server_config
 
 from hybrid_connector import assemble
-from hybrid_connector.client.server_cache import ServerCache
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model_presets import get_preset
-from hybrid_connector.session import RequestSession
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.remote.client.server_cache import ServerCache
+from hybrid_connector.runtime.session import RequestSession
 
 GEO = get_preset("qwen3.5-0.8b")
 
@@ -82,7 +82,7 @@ def test_second_client_hits_on_the_first_ones_objects(tmp_path: Path, disk: bool
 
 
 def test_embedded_and_server_mode_give_the_same_hits(tmp_path: Path) -> None:
-    from hybrid_connector.config import load_config
+    from hybrid_connector.core.config import load_config
 
     embedded = assemble.engine_cache(load_config(overrides={"chunk_size": 256,
                                                             "max_local_cpu_size": 0.25},

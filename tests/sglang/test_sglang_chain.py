@@ -22,9 +22,9 @@ from sglang_helpers import (  # noqa: E402
     state_transfer,
 )
 
-from hybrid_connector.integrations.sglang_chain import PageChain  # noqa: E402
-from hybrid_connector.integrations.sglang_keys import hash_bytes  # noqa: E402
-from hybrid_connector.keys import ObjectKind  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.integrations.sglang.chain import PageChain  # noqa: E402
+from hybrid_connector.integrations.sglang.keys import hash_bytes  # noqa: E402
 
 KV_PAGE, SLOT = 512, 640  # bytes of one page / one MAMBA slot in sglang_helpers.pools
 
@@ -171,8 +171,8 @@ def test_across_tiers_a_dead_page_is_dropped_and_a_live_one_demoted(value: bool,
 def test_the_shipped_sglang_config_turns_flop_aware_eviction_on() -> None:
     from pathlib import Path
 
-    from hybrid_connector.config import load_config
-    from hybrid_connector.model_presets import load_geometry
+    from hybrid_connector.core.config import load_config
+    from hybrid_connector.geometry.presets import load_geometry
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "sglang-qwen3_5.yaml")
     assert cfg.tier_eviction == "value" and cfg.model

@@ -36,7 +36,7 @@ from sglang_helpers import (  # noqa: E402
 )
 from sglang_helpers import kv_transfer as _kv_transfer  # noqa: E402
 
-from hybrid_connector.integrations.hf_state import new_model_cache  # noqa: E402
+from hybrid_connector.integrations.hf.state import new_model_cache  # noqa: E402
 
 PAGE = 4  # sglang_helpers' page size: its hashes and KV transfers use it
 N, P = 40, 24  # prompt tokens, tokens of the first request (6 pages)

@@ -33,8 +33,8 @@ from sglang_helpers import (  # noqa: E402
     tier_overrides,
 )
 
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
 from hybrid_connector.integrations.sglang import HybridHiCacheStorage  # noqa: E402
-from hybrid_connector.keys import ObjectKind  # noqa: E402
 
 
 def _backend(tier: str, tmp_path: Path) -> tuple[HybridHiCacheStorage, Any, Any]:

@@ -194,7 +194,7 @@ def test_hybrid_controller_kv_and_mamba_with_prefix_keys(tmp_path: Path,
                            state.view(torch.uint8))
         _check_prefix_keys(backend.calls, prefix, hashes)
         # the FLOP-aware eviction's page chain, learned from the controller's own calls
-        from hybrid_connector.integrations.sglang_keys import hash_bytes
+        from hybrid_connector.integrations.sglang.keys import hash_bytes
 
         chain = backend.chain
         assert [chain.depth(hash_bytes(h)) for h in hashes] == [

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hybrid_connector.cli import main
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.policies.marconi import MarconiEviction
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.sim.baselines import baseline_specs, vllm_align_block
 from hybrid_connector.sim.engine import Simulator, anchor_page_bytes
 from hybrid_connector.sim.prefill import PrefillModel
@@ -40,7 +40,7 @@ def test_step_semantics(geo, sim_config) -> None:
 
 
 def test_anchor_pages_give_approximate_hits(geo) -> None:
-    from hybrid_connector.config import load_config
+    from hybrid_connector.core.config import load_config
 
     cfg = load_config(None, {"chunk_size": 256, "hash_block_size": 256, "alignment": 1,
                              "replay": True}, environ={})
@@ -65,7 +65,7 @@ def test_prefill_model_is_monotone(geo) -> None:
 
 
 def test_vllm_align_block_matches_vllm_for_qwen35() -> None:
-    from hybrid_connector.model_presets import get_preset
+    from hybrid_connector.geometry.presets import get_preset
 
     assert vllm_align_block(get_preset("qwen3.5-4b")) == 528
 
@@ -104,7 +104,7 @@ def test_demo_generator_signature_still_works() -> None:
 
 
 def test_anchor_pressure_never_evicts_kv(geo) -> None:
-    from hybrid_connector.config import load_config
+    from hybrid_connector.core.config import load_config
 
     cfg = load_config(None, {"chunk_size": 256, "hash_block_size": 256, "alignment": 1,
                              "replay": True}, environ={})
@@ -188,7 +188,7 @@ def test_size_defaults_to_the_config_pool_budgets(tmp_path, capsys) -> None:
 def test_simulate_runs_the_example_configs(tmp_path, name) -> None:
     from pathlib import Path
 
-    from hybrid_connector.config import load_config
+    from hybrid_connector.core.config import load_config
 
     path = Path(__file__).resolve().parents[2] / "configs" / name
     rc, rows = _simulate(tmp_path, "--config", str(path), "--size", "1GiB")
@@ -200,11 +200,11 @@ def test_simulate_runs_the_example_configs(tmp_path, name) -> None:
 
 # ---------------------------------------------------------------- issue 9, item 22
 def test_simulator_paths_close_every_cache_they_build(geo, sim_config, monkeypatch) -> None:
-    from hybrid_connector.cache import HybridCache
-    from hybrid_connector.policies.accounting import CorrectedAccounting
-    from hybrid_connector.policies.admission import MarconiAdmission
-    from hybrid_connector.policies.tuner import TunerRequest
-    from hybrid_connector.sim.replay import CacheReplayer
+    from hybrid_connector.policies.admission.checkpoints import MarconiAdmission
+    from hybrid_connector.policies.eviction.accounting import CorrectedAccounting
+    from hybrid_connector.policies.tuning.grid import TunerRequest
+    from hybrid_connector.runtime.cache import HybridCache
+    from hybrid_connector.sim.trace_replay import CacheReplayer
 
     built, closed = [], []
     init, close = HybridCache.__init__, HybridCache.close

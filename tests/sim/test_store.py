@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hybrid_connector.cli import main
-from hybrid_connector.model_presets import get_preset
+from hybrid_connector.geometry.presets import get_preset
 from hybrid_connector.sim.cli import GEN_SIZES, SCALED
 from hybrid_connector.sim.traces import GENERATORS, load_jsonl
 from hybrid_connector.sim.traces_engine import agentic_branch, chat_edits, multiround_qa

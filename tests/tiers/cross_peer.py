@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from hybrid_connector import assemble
-from hybrid_connector.config import load_config
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.session import RequestSession
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.runtime.session import RequestSession
 
 GEO = ModelGeometry.from_dict({
     "name": "tiny-x", "architecture": "qwen3_5_text", "hidden_size": 8, "vocab_size": 64,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
-from tiers import codec, lm_protocol
+from hybrid_connector.tiers import codec, lm_protocol
 
 
 def crafted_blob(header: dict[str, Any] | bytes, body: bytes = b"") -> bytes:

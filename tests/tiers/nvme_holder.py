@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tier_helpers import make_key, make_payload  # noqa: E402
 
-from hybrid_connector.keys import ObjectKind  # noqa: E402
-from tiers.nvme import NvmeTier  # noqa: E402
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
 
 BUDGET = {k: 64 << 20 for k in ObjectKind}
 SHAPE = (256, 512)  # 512 KiB each: 120 of them overflow a 32 MiB budget

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from hybrid_connector.config import load_config
-from tiers.backend import spec_of
-from tiers.configured import build_tiers, tier_specs
+from hybrid_connector.core.config import load_config
+from hybrid_connector.tiers.backend import spec_of
+from hybrid_connector.tiers.configured import build_tiers, tier_specs
 
 
 @pytest.mark.parametrize("pools", [

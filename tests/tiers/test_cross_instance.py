@@ -14,7 +14,7 @@ import pytest
 from cross_peer import GEO, config, prompts, serve
 
 from hybrid_connector import assemble
-from hybrid_connector.config import load_config
+from hybrid_connector.core.config import load_config
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,11 +57,11 @@ def test_the_record_announcing_a_chunk_fits_the_remote_tiers_manifests(redis_ser
     """A chunk's record (its key, tokens and block hashes) must never be refused as too
     long: a chunk left unannounced can never be found by another instance. A tier made with
     the default limits holds a default chunk's record; one made from a config, its own."""
-    from hybrid_connector.keys import ObjectKey, ObjectKind
-    from hybrid_connector.manifests import decode_record, encode_record
-    from hybrid_connector.meta import ObjectMeta
-    from tiers.manager import TierManager
-    from tiers.remote import RemoteTier
+    from hybrid_connector.core.keys import ObjectKey, ObjectKind
+    from hybrid_connector.core.meta import ObjectMeta
+    from hybrid_connector.index.manifests import decode_record, encode_record
+    from hybrid_connector.tiers.manager import TierManager
+    from hybrid_connector.tiers.remote import RemoteTier
 
     cfg = load_config(overrides={"chunk_size": chunk, "remote_url": redis_server,
                                  "pools": {"remote": {"kv": 2**30}}}, environ={})

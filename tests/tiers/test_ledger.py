@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.ledger import Ledger, TierSpec
-from tiers.ops import Move, Put, Remove, Take
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers.ledger import Ledger, TierSpec
+from hybrid_connector.tiers.ops import Move, Put, Remove, Take
 
 K = ObjectKind
 

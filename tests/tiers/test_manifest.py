@@ -1,4 +1,4 @@
-"""The manifest formats (``tiers.manifest``), without a server: lm:// blobs round-trip,
+"""The manifest formats (``hybrid_connector.tiers.manifest``), without a server: lm:// blobs round-trip,
 and every damaged, truncated, oversized or foreign blob is a CorruptManifest, found
 before anything the size of a claimed length is allocated."""
 
@@ -9,9 +9,9 @@ import zlib
 
 import pytest
 
-from tiers import lm_protocol, manifest
-from tiers.manifest import CorruptManifest, Limits
-from tiers.remote_clients import LmClient
+from hybrid_connector.tiers import lm_protocol, manifest
+from hybrid_connector.tiers.manifest import CorruptManifest, Limits
+from hybrid_connector.tiers.remote_clients import LmClient
 
 LIM = Limits(max_records=8, max_record_bytes=32)
 

@@ -25,15 +25,15 @@ from tier_helpers import make_key, make_payload, same_bits
 from tier_servers import hang, run_lmcache, run_redis
 
 from hybrid_connector import assemble
-from hybrid_connector.config import load_config
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import SaveItem
-from tiers.host import HostTier
-from tiers.ledger import Ledger, TierSpec
-from tiers.manager import TierManager
-from tiers.ops import Move, Put, Remove
-from tiers.remote import RemoteTier
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import SaveItem
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.ledger import Ledger, TierSpec
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.ops import Move, Put, Remove
+from hybrid_connector.tiers.remote import RemoteTier
 
 SHAPE = (64,)  # 256 bytes of float32
 HOST = {ObjectKind.KV: 4 * 256}  # four objects

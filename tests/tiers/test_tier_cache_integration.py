@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 from hybrid_connector import assemble
-from hybrid_connector.config import load_config
-from hybrid_connector.keys import ObjectKind
-from hybrid_connector.model import ModelGeometry
-from hybrid_connector.plan import SaveItem
-from tiers.manager import TierManager, build_store
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.plan import SaveItem
+from hybrid_connector.tiers.manager import TierManager, build_store
 
 # A tiny hybrid: KV 32 B/token (2 bf16 K+V of 8 elements), a 96 B checkpoint.
 GEO = ModelGeometry.from_dict({

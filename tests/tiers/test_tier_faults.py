@@ -17,12 +17,12 @@ import torch
 from tier_helpers import make_key, make_payload, same_bits
 from tier_servers import StalledServer, run_redis
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.dirlock import LOCK_NAME
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.nvme import NvmeTier
-from tiers.remote import RemoteTier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers.dirlock import LOCK_NAME
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.nvme import NvmeTier
+from hybrid_connector.tiers.remote import RemoteTier
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}  # budgets far above the disk, so the disk is what fills
@@ -60,7 +60,7 @@ def test_disk_full_on_a_real_tmpfs(tiny_tmpfs: Path, caplog: pytest.LogCaptureFi
     with caplog.at_level(logging.WARNING):
         items, ok = fill_until_full(tier, 10)
     assert ok[0] and not all(ok)  # some fit, then ENOSPC
-    assert len(warnings_from(caplog, "tiers.nvme")) == 1  # logged once, not per put
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.nvme")) == 1  # logged once, not per put
     assert "disk full" in caplog.text
     for (k, v), stored in zip(items, ok, strict=True):  # what was stored is intact
         got = tier.get([k])[0]
@@ -146,7 +146,7 @@ def test_unreadable_file_is_a_miss_and_dropped(tmp_path: Path, damage: str,
     with caplog.at_level(logging.WARNING):
         assert m.get([k, k]) == [None, None]  # a miss, never an exception, never garbage
         assert m.get_into([k], [torch.empty_like(v)]) == [False]
-    assert len(warnings_from(caplog, "tiers.nvme")) == 1
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.nvme")) == 1
     assert dropped == [k]  # the index hears about it once, so it stops promising it
     assert m.where([k]) == [None] and tier.used(K.KV) == 10 * 4
     assert same_bits(m.get([k2])[0], v2)  # the neighbour is untouched
@@ -227,7 +227,7 @@ def test_remote_down_is_a_miss_logged_once(scheme: str, dead_port: int,
     tier = RemoteTier(url, BIG, timeout=0.5, min_backoff=60)
     with caplog.at_level(logging.WARNING):
         _remote_calls_never_raise(tier)
-    assert len(warnings_from(caplog, "tiers.remote")) == 1
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote")) == 1
     # One call failed on the network; the backoff answered every later one without it.
     assert tier.is_down and tier.failures == 1
 
@@ -240,7 +240,7 @@ def test_remote_stall_times_out_to_a_miss(scheme: str, stalled_server: StalledSe
     tier = RemoteTier(url, BIG, timeout=0.3, min_backoff=60)
     with caplog.at_level(logging.WARNING):
         _remote_calls_never_raise(tier)
-    assert len(warnings_from(caplog, "tiers.remote")) == 1
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote")) == 1
     # The first call timed out (a miss); the backoff answered the other 14 without the
     # network: the server saw one connection.
     assert tier.failures == 1 and stalled_server.accepted == 1
@@ -269,7 +269,7 @@ def test_remote_going_down_after_puts(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING):
         more = [(make_key(100 + i), make_payload(100 + i, (64,))) for i in range(4)]
         assert all(m.put(more))  # the host takes them (their remote copies fail)
-    assert len(warnings_from(caplog, "tiers.remote")) == 1
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote")) == 1
     # host victims written through before the outage keep their remote copy: indexed there,
     # misses while it is down, never reported as drops
     assert not dropped and set(m.where([k for k, _ in items[4:]])) == {"remote"}

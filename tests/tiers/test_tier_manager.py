@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.config import load_config
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.manager import TierManager, build_store
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.config import load_config
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager, build_store
+from hybrid_connector.tiers.nvme import NvmeTier
 
 K = ObjectKind
 

@@ -15,17 +15,17 @@ import torch
 from hostile_peers import crafted_blob
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKey, ObjectKind, PrefixHasher
-from hybrid_connector.meta import ObjectMeta
-from tiers import codec
-from tiers.device import DeviceTier
-from tiers.executor import Executor
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.memory import MemoryTier
-from tiers.nvme import NvmeTier
-from tiers.ops import Move, Put, Take
-from tiers.tier import Tier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind, PrefixHasher
+from hybrid_connector.core.meta import ObjectMeta
+from hybrid_connector.tiers import codec
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.executor import Executor
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.memory import MemoryTier
+from hybrid_connector.tiers.nvme import NvmeTier
+from hybrid_connector.tiers.ops import Move, Put, Take
+from hybrid_connector.tiers.tier import Tier
 
 K = ObjectKind
 BIG = {k: 1 << 24 for k in K}

@@ -21,11 +21,11 @@ from crash_support import fork_and_kill
 from hostile_peers import crafted_blob
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from hybrid_connector.meta import MAX_META_BYTES, ObjectMeta
-from tiers import codec
-from tiers.dirlock import LOCK_NAME
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.core.meta import MAX_META_BYTES, ObjectMeta
+from hybrid_connector.tiers import codec
+from hybrid_connector.tiers.dirlock import LOCK_NAME
+from hybrid_connector.tiers.nvme import NvmeTier
 
 K = ObjectKind
 HUGE = {k: 1 << 42 for k in K}  # so that only validation, not the budget, can refuse

@@ -9,8 +9,8 @@ import pytest
 import torch
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKind
-from tiers.nixl import NixlNvmeTier, nixl_available
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.tiers.nixl import NixlNvmeTier, nixl_available
 
 BUDGET = {k: 1 << 24 for k in ObjectKind}
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKind
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.tiers.nvme import NvmeTier
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}

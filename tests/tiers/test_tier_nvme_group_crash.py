@@ -31,9 +31,9 @@ import torch
 from crash_support import fork_and_kill
 from tier_helpers import make_key
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers.codec import checksum, raw_bytes
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers.codec import checksum, raw_bytes
+from hybrid_connector.tiers.nvme import NvmeTier
 
 ROUNDS = 40
 NKEYS = 20

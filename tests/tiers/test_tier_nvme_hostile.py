@@ -19,11 +19,11 @@ import torch
 from hostile_peers import crafted_blob, zstd_frame_claiming
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers import codec
-from tiers.dirlock import LOCK_NAME
-from tiers.manager import TierManager
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers import codec
+from hybrid_connector.tiers.dirlock import LOCK_NAME
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.nvme import NvmeTier
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}

@@ -14,9 +14,9 @@ import pytest
 from nvme_holder import SHAPE
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKind
-from tiers.dirlock import LOCK_NAME, DirectoryLocked
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.tiers.dirlock import LOCK_NAME, DirectoryLocked
+from hybrid_connector.tiers.nvme import NvmeTier
 
 HOLDER = Path(__file__).resolve().parent / "nvme_holder.py"
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,11 +13,11 @@ import pytest
 import torch
 from tier_helpers import DTYPES, make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
-from tiers import lm_protocol
-from tiers.host import HostTier
-from tiers.manager import TierManager
-from tiers.remote import LmClient, RemoteTier, make_client
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+from hybrid_connector.tiers import lm_protocol
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.remote import LmClient, RemoteTier, make_client
 
 K = ObjectKind
 
@@ -118,7 +118,7 @@ def test_lmcache_own_client_reads_what_we_wrote(lmcache_server: str) -> None:
         while len(blob) < length:
             blob += s.recv(length - len(blob))
     assert code == 200
-    from tiers.codec import decode_blob
+    from hybrid_connector.tiers.codec import decode_blob
 
     assert same_bits(decode_blob(k, bytes(blob)), v)
     tier.close()

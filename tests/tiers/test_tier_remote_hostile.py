@@ -23,10 +23,10 @@ import torch
 from hostile_peers import FakeLm, FakeRedis, TrickleProxy, crafted_blob, zstd_frame_claiming
 from tier_helpers import make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKind
-from tiers import codec
-from tiers.manager import TierManager
-from tiers.remote import RemoteTier
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.tiers import codec
+from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.remote import RemoteTier
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}

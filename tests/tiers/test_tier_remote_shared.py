@@ -19,12 +19,12 @@ from remote_peer import BIG, Peer, append_records, items
 from tier_helpers import make_key, make_payload, same_bits
 from tier_servers import StalledServer
 
-from hybrid_connector.keys import ObjectKind
-from tiers import codec, manifest
-from tiers.executor import Executor
-from tiers.host import HostTier
-from tiers.manifest import Limits
-from tiers.remote import LmClient, RemoteTier
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.tiers import codec, manifest
+from hybrid_connector.tiers.executor import Executor
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.manifest import Limits
+from hybrid_connector.tiers.remote import LmClient, RemoteTier
 
 K = ObjectKind
 

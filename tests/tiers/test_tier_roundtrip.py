@@ -10,11 +10,11 @@ import pytest
 import torch
 from tier_helpers import DTYPES, make_key, make_payload, same_bits
 
-from hybrid_connector.keys import ObjectKind
-from tiers.device import DeviceTier
-from tiers.host import HostTier
-from tiers.indexed import IndexedTier
-from tiers.nvme import NvmeTier
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.tiers.device import DeviceTier
+from hybrid_connector.tiers.host import HostTier
+from hybrid_connector.tiers.indexed import IndexedTier
+from hybrid_connector.tiers.nvme import NvmeTier
 
 K = ObjectKind
 BUDGET = {K.KV: 1 << 16, K.STATE: 1 << 15, K.ANCHOR: 1 << 14}

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tiers.slab import ALIGN, PagePool, page_bytes
+from hybrid_connector.tiers.slab import ALIGN, PagePool, page_bytes
 
 
 def test_pages_are_reused_in_any_order() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hybrid_connector.keys import ObjectKey, ObjectKind
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool,
           torch.float64, torch.int8]

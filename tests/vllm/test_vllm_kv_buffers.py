@@ -21,8 +21,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  #
 from vllm.v1.kv_cache_interface import MambaSpec  # noqa: E402
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 
-from hybrid_connector.integrations.vllm_setup import HybridStartupError, layer_index  # noqa: E402
-from hybrid_connector.layout import kv_layout  # noqa: E402
+from hybrid_connector.integrations.vllm.setup import HybridStartupError, layer_index  # noqa: E402
+from hybrid_connector.payload.layout import kv_layout  # noqa: E402
 
 YAML = "chunk_size: 64\nhash_block_size: 32\nalignment: 32\npools:\n  host: {kv: 4MB, state: 2MB}\nreplay: false\n"
 

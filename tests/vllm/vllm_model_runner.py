@@ -26,8 +26,8 @@ import torch
 from vllm_harness import Req, Runner
 from vllm_support import BLOCK
 
-from hybrid_connector.integrations.hf_state import HFStateAdapter, new_model_cache
-from hybrid_connector.model import ModelGeometry
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.integrations.hf.state import HFStateAdapter, new_model_cache
 
 TOL = 1e-5  # relative to the tensor's scale (tests/hf/hf_support.py measured <= 6.8e-7)
 

@@ -1,0 +1,1 @@
+"""What is known: the radix index, the hit rule, saving, reclaim, rebuild and discovery."""

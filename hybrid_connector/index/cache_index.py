@@ -1,0 +1,383 @@
+"""``CacheIndex``: what is known. The radix index, the hit rule, the policies and the
+ledger of what is where; never a byte. It runs in an engine's scheduler process, in the
+cache server, or embedded (``HybridCache``); the bytes live in the tiers of the processes
+that hold them, which run the ops this index emits and report back.
+
+Life of a request against the index::
+
+    plan = index.lookup(prompt)              # pure: LoadPlan (keys, tiers, p, exact)
+    lease = index.acquire(plan)              # lock + pin what will be loaded
+    ... workers read the plan's keys ...     # failures: index.report_load(plan, failed)
+    ticket = index.begin_save(prompt, specs) # keys, room, placement; objects pending
+    ... workers run ticket.ops ...           # index.complete_save(ticket, results)
+    index.release(lease)
+    index.finish(tokens, specs, prompt_len)  # final checkpoint (admission), dead KV
+
+Every mutating call may leave ops in ``drain()`` (removals of evicted objects, promotions)
+for the caller to run on the workers, in order. Objects in flight count against budgets,
+are never evicted and never planned (``LoadPlan.pending_tokens`` tells how far a hit would
+reach once they land). Store failures never corrupt the index: an object the tiers lose is
+unindexed (a leased checkpoint when its lease is released), and the index heals when the
+engine saves it again.
+
+Thread safety: one re-entrant lock per index; the backend's lock is taken inside it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.hashes import Hashes
+from hybrid_connector.core.keys import ObjectKey, PrefixHasher, as_tokens
+from hybrid_connector.core.meta import ObjectMeta
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.discovery import Found, SharedView, discover
+from hybrid_connector.index.hit import Hit, Usable, find_hit, kv_chain
+from hybrid_connector.index.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
+from hybrid_connector.index.rebuild import Rebuilt, adopt_reported, relink
+from hybrid_connector.index.reclaim import Reclaimer
+from hybrid_connector.index.saving import Saver, SaveTicket
+from hybrid_connector.index.state import IndexCore, Lease, Policies
+from hybrid_connector.policies.admission.checkpoints import branch_point
+from hybrid_connector.policies.base import SavePlan
+from hybrid_connector.policies.eviction.tier_value import TierValue
+from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.store import StoreHooks
+from hybrid_connector.tree.radix import IntegrityError, MatchResult, Node, ObjectRef
+
+
+class CacheIndex(IndexCore):
+    """Index of one model fingerprint over one ``Backend`` (see the module docstring).
+
+    ``model_id`` names the weights (e.g. ``org/model@revision``) and ``layout`` holds engine
+    facts that change stored bytes (block size, KV layout, TP layout); both enter the
+    fingerprint with the geometry, so objects of other weights, geometry, dtype or layout
+    can never be loaded. Raises ValueError when another index of the same fingerprint is
+    attached to ``backend``.
+    """
+
+    def __init__(self, config: HybridConfig, geometry: ModelGeometry, backend: Backend,
+                 policies: Policies, layout: dict[str, object] | None = None,
+                 model_id: str = "") -> None:
+        super().__init__(config, geometry, backend, policies, layout, model_id)
+        self.reclaim = Reclaimer(self)
+        self.saver = Saver(self, self.reclaim)
+        self.shared_view: SharedView | None = None  # the shared tier, for ``discover``
+        self.eviction.bind(self.tree, geometry, self.reclaim.evictable)
+        # tier_eviction: value scores tier victims and destinations (the backend's setting)
+        valued = config.tier_eviction == "value"
+        self.tier_value = TierValue.from_config(geometry, config) if valued else None
+        backend.attach(self.fingerprint, StoreHooks(
+            self._on_store_drop, self._merits_demotion, self._anchors_of_chunk,
+            self.tier_value))
+        with backend.lock:
+            if valued:
+                self.ledger.value_window = config.tier_value_window
+            for key in self.ledger.held():
+                if key.fingerprint == self.fingerprint:
+                    self.reclaim.orphans[key.kind].append(key)
+
+    # ---------------------------------------------------------------- lookup
+    def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None,
+               replay: bool | None = None) -> LoadPlan:
+        """The longest usable hit for ``tokens`` under the hit rule. No side effects.
+
+        ``alignment`` (default ``config.alignment``) restricts hit lengths to its multiples.
+        ``replay`` (default ``config.replay``) allows approximate anchor-replay plans; pass
+        False for the best exact plan, e.g. when a quality gate refused a replay. Raises
+        ValueError for non-integer or negative tokens and a non-positive alignment.
+        """
+        arr = as_tokens(tokens)
+        align = self._alignment(alignment)
+        use_replay = self.config.replay if replay is None else replay
+        with self.lock:
+            m = self.tree.match(arr)
+            hit = self._find(m, arr.size, align, use_replay, self.usable)
+            pending = 0
+            if self.pending:
+                later = self._find(m, arr.size, align, use_replay, lambda k: k not in self.doomed)
+                pending = later.p if later.p > hit.p else 0
+            if not hit.p or hit.node is None:
+                return LoadPlan(0, True, kv_tokens=hit.kv_reach, matched_tokens=m.length,
+                                prompt_tokens=int(arr.size), pending_tokens=pending)
+            return self._plan(arr, hit.kv, hit.p, hit.state, hit.anchors, hit.kv_reach,
+                              m.length, hit.node, align, pending)
+
+    def _find(self, m: MatchResult, n: int, align: int, replay: bool, usable: Usable) -> Hit:
+        c = self.config
+        return find_hit(m, int(n), align, needs_state=self.needs_state, max_kv_len=self.max_kv_len,
+                        usable=usable, replay=replay, page=c.anchor_page_size,
+                        budget_frac=c.replay_budget_frac, max_tokens=c.replay_max_tokens,
+                        root=self.tree.root, needs_kv=self.needs_kv)
+
+    def lookup_at(self, tokens: Sequence[int] | np.ndarray, p: int,
+                  alignment: int | None = None) -> LoadPlan:
+        """A plan for a hit of exactly ``p`` tokens (exact state at p, KV over ``[0, p)``),
+        or a miss (also when ``p`` is not below the prompt length). For engines whose own
+        cache already holds the attention KV up to p and only need the recurrent state there
+        (vLLM's divergent local hybrid hits). Pure. Raises ValueError when ``p`` is negative
+        or not a multiple of the alignment (default ``config.alignment``)."""
+        arr = as_tokens(tokens)
+        align = self._alignment(alignment)
+        if isinstance(p, bool) or not isinstance(p, int | np.integer) or p < 0 or p % align:
+            raise ValueError(f"lookup_at: p={p!r} must be a non-negative multiple of the "
+                             f"alignment {align}")
+        with self.lock:
+            m = self.tree.match(arr)
+            miss = LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
+            if not 0 < p < arr.size or p > m.length:
+                return miss
+            chain, reach = kv_chain(m, self.max_kv_len, self.usable, needs_kv=self.needs_kv)
+            node = next((n for n in m.path if n.depth == p), None)
+            usable_state = node is not None and node.state is not None and self.usable(node.state.key)
+            if reach < p or (self.needs_state and not usable_state):
+                return miss
+            target = node if node is not None else self.tree.root
+            return self._plan(arr, [r for r in chain if r.start < p], int(p), target.state,
+                              (), reach, m.length, target, align, 0)
+
+    def _plan(self, arr: np.ndarray, kv: Sequence[ObjectRef], p: int, state: ObjectRef | None,
+              anchors: Sequence[ObjectRef], reach: int, matched: int, node: Node, align: int,
+              pending: int) -> LoadPlan:
+        refs = [*kv, *([state] if state else []), *anchors]
+        with self.backend.lock:
+            tiers = [self.ledger.where(r.key) for r in refs]
+        if any(t is None for t in tiers):
+            # The index lags the tiers (a silent loss): never promise what cannot be read.
+            return LoadPlan(0, True, kv_tokens=reach, matched_tokens=matched,
+                            prompt_tokens=int(arr.size), pending_tokens=pending)
+        planned = [PlannedObject(r, t) for r, t in zip(refs, tiers, strict=True) if t]
+        slow = {s.name for s in self.ledger.specs if s.slow} | SLOW_TIERS
+        n_kv = len(kv)
+        return LoadPlan(
+            num_tokens=p,
+            exact=state is not None or not self.needs_state,
+            kv=tuple(planned[:n_kv]),
+            state=planned[n_kv] if state else None,
+            anchors=tuple(planned[n_kv + (1 if state else 0):]),
+            replay_from=anchors[0].start if anchors else p,
+            kv_tokens=reach, matched_tokens=matched, prompt_tokens=int(arr.size),
+            node_id=node.id, is_async=any(o.tier in slow for o in planned), alignment=align,
+            pending_tokens=pending,
+        )
+
+    def record_lookup(self, plan: LoadPlan) -> None:
+        """Count a lookup in the statistics (separate so ``lookup`` stays pure)."""
+        with self.lock:
+            self.stats.lookups += 1
+            self.stats.prompt_tokens += plan.prompt_tokens
+            if plan.hit:
+                self.stats.hits += 1
+                self.stats.hit_tokens += plan.num_tokens
+                self.stats.approx_hits += not plan.exact
+
+    def plan_saves(self, tokens: Sequence[int] | np.ndarray,
+                   alignment: int | None = None) -> SavePlan:
+        """Where admission wants checkpoints while ``tokens`` (a prompt) is prefilled, by
+        speculative insertion. No side effects. Raises ValueError for a bad alignment."""
+        arr = as_tokens(tokens)
+        align = self._alignment(alignment)
+        with self.lock:
+            m = self.tree.match(arr)
+            positions = self.admission.state_positions(self.tree, m, arr, align)
+            _, reach = kv_chain(m, self.max_kv_len, lambda k: k not in self.doomed,
+                                needs_kv=self.needs_kv)
+            kv_from = reach - reach % self.config.chunk_size
+            return SavePlan(tuple(sorted(set(positions))), branch_point(m, int(arr.size)), kv_from)
+
+    # ---------------------------------------------------------------- leases
+    def acquire(self, plan: LoadPlan) -> Lease | None:
+        """Lock the plan's objects against eviction, pin them against moves, and count it
+        as an access. ``None`` (nothing locked) when the plan went stale (a node or object
+        left since ``lookup``): look up again."""
+        if not plan.hit:
+            return None
+        with self.lock:
+            node = self.tree.node(plan.node_id)
+            if node is None or any(self.where.get(o.ref.key) is None or not self.usable(o.ref.key)
+                                   for o in plan.objects):
+                return None
+            kv_nodes = tuple(sorted({self.deepest_holder(node, plan.num_tokens).id}
+                                    | {self.where[o.ref.key] for o in plan.kv}))
+            for nid in kv_nodes:
+                self.tree.lock_kv(self._node(nid))
+            state_node = 0
+            if plan.state is not None:
+                self.tree.lock_state(node)
+                state_node = node.id
+            anchor_nodes = tuple(sorted({self.where[o.ref.key] for o in plan.anchors}))
+            for nid in anchor_nodes:
+                self.tree.lock_anchors(self._node(nid))
+            keys = tuple(o.ref.key for o in plan.objects)
+            with self.backend.lock:
+                self.ledger.pin(keys)
+                self.ledger.touch(keys)
+            self.clock += 1
+            self.eviction.on_access(self.tree.path_to(node), self.clock)
+            node.hits += 1
+            lease = Lease(self._next_lease, kv_nodes, state_node, anchor_nodes, keys)
+            self._next_lease += 1
+            self.leases[lease.id] = lease
+            self.leased.update(keys)
+            return lease
+
+    def release(self, lease: Lease | None, promote: bool = True) -> None:
+        """Drop the locks of ``acquire`` (safe with ``None``), unindex what was lost while
+        leased, and (``promote``) move objects read from slower tiers up (ops in
+        ``drain``). Raises ValueError for a lease already released or not this index's."""
+        if lease is None:
+            return
+        with self.lock:
+            if self.leases.pop(lease.id, None) != lease:
+                raise ValueError(f"lease {lease.id} was already released (or is not this index's)")
+            for nid in lease.kv_nodes:
+                self.tree.lock_kv(self._node(nid), -1)
+            if lease.state_node:
+                self.tree.lock_state(self._node(lease.state_node), -1)
+            for nid in lease.anchor_nodes:
+                self.tree.lock_anchors(self._node(nid), -1)
+            self.leased.subtract(lease.keys)
+            for key in lease.keys:
+                if self.leased[key] <= 0:
+                    del self.leased[key]
+            with self.backend.lock:
+                self.ledger.pin(lease.keys, -1)
+                if promote:
+                    for key in lease.keys:
+                        if key in self.where and key not in self.leased:
+                            self.reclaim.apply(self.ledger.promote(key))
+            for key in [k for k in lease.keys if k in self.doomed]:
+                self.reclaim.unindex(key)
+
+    # ---------------------------------------------------------------- loads
+    def report_load(self, plan: LoadPlan, failed: Sequence[ObjectKey]) -> None:
+        """Workers could not read ``failed`` (missing, corrupt, short): forget the bad
+        copies; an object with no copy left is unindexed (a leased checkpoint at release),
+        so the engine's next save stores it again."""
+        if not failed:
+            return
+        tiers = {o.ref.key: o.tier for o in plan.objects}
+        with self.lock:
+            self.stats.load_failures += 1
+            with self.backend.lock:
+                for key in failed:
+                    self.reclaim.apply(self.ledger.lost(key, tiers.get(key)))
+            for key in failed:
+                if key in self.where and self.ledger.where(key) is None and key not in self.pending:
+                    self.reclaim.unindex(key)
+
+    # ---------------------------------------------------------------- saves
+    def begin_save(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
+                   hashes: Hashes | None = None, start: tuple[int, int] | None = None) -> SaveTicket:
+        """See ``Saver.begin``."""
+        return self.saver.begin(tokens, specs, hashes, start)
+
+    def complete_save(self, ticket: SaveTicket, indices: Sequence[int],
+                      results: Sequence[bool]) -> None:
+        """See ``Saver.complete``."""
+        self.saver.complete(ticket, indices, results)
+
+    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
+        """See ``Saver.finish``."""
+        self.saver.finish(tokens, prompt_len)
+
+    # ---------------------------------------------------------------- sharing
+    def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,
+                 deadline_s: float | None = None, alignment: int | None = None) -> Found:
+        """Index what other instances stored on the shared tier for ``tokens`` (see
+        ``hybrid_connector.index.discovery``; no shared tier: nothing). ``hashes``: the prompt's
+        prefix hashes (computed when None); ``deadline_s`` defaults to the config's
+        ``lookup_timeout_ms``. Never raises for the tier's failures."""
+        if self.shared_view is None:
+            return Found()
+        arr = as_tokens(tokens)
+        hasher = hashes if hashes is not None else PrefixHasher(arr, self.config.hash_block_size)
+        limit = self.config.lookup_timeout_ms / 1e3 if deadline_s is None else deadline_s
+        found = discover(self, self.reclaim, self.shared_view, arr, hasher, limit,
+                         self._alignment(alignment))
+        self.deliver_foreign_drops()
+        return found
+
+    # ---------------------------------------------------------------- restart
+    def rebuild(self, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None]],
+                verify: bool = True) -> Rebuilt:
+        """Re-link objects the tiers hold (``(key, nbytes, meta)``, e.g. every tier's
+        ``inventory()``; in a scheduler process, what the workers report) into the index:
+        see ``hybrid_connector.index.rebuild``. What does not link stays an orphan (reclaimed
+        first). ``verify``: check the chains against this project's own blake3 keys."""
+        return relink(self, items, verify)
+
+    def adopt(self, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None, str]],
+              verify: bool = True, strays: Iterable[tuple[ObjectKey, str]] = ()) -> Rebuilt:
+        """Adopt and re-link what worker processes report they hold (``(key, nbytes, meta,
+        tier)``), remove ``strays``; see ``hybrid_connector.index.rebuild.adopt_reported``."""
+        return adopt_reported(self, items, self.reclaim.orphans, verify, strays)
+
+    # ---------------------------------------------------------------- callbacks
+    def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:
+        """The backend dropped objects on its own: forget them so no plan promises them."""
+        with self.lock:
+            for key in keys:
+                self.reclaim.unindex(key)
+
+    def _anchors_of_chunk(self, key: ObjectKey) -> list[ObjectKey]:
+        """Anchor pages ending inside KV chunk ``key`` (they die with it). Lock free."""
+        nid = self.where.get(key)
+        node = self.tree.node(nid) if nid is not None else None
+        if node is None:
+            return []
+        return [a.key for a in list(node.anchors.values()) if key.start < a.end <= key.end]
+
+    def _merits_demotion(self, key: ObjectKey) -> bool:
+        if key in self.pending:
+            return True  # a put in flight is never dropped for that
+        nid = self.where.get(key)
+        node = self.tree.node(nid) if nid is not None else None
+        return node is not None and self.eviction.merits_demotion(node, key.kind)
+
+    # ---------------------------------------------------------------- integrity
+    def check_integrity(self) -> None:
+        """Tree invariants plus: every ref is indexed in ``where`` at its node and listed by
+        the ledger, doomed keys are locked checkpoints, pending keys are indexed, and every
+        lock belongs to an active lease. Raises ``IntegrityError``."""
+        with self.lock:
+            self.tree.check_integrity()
+            seen = 0
+            for node in self.tree.nodes():
+                for r in [*node.kv.values(), *node.anchors.values(),
+                          *([node.state] if node.state else [])]:
+                    seen += 1
+                    if self.where.get(r.key) != node.id:
+                        raise IntegrityError(f"{r.key} not indexed at node {node.id}")
+                    if r.key.fingerprint != self.fingerprint:
+                        raise IntegrityError(f"{r.key} has a foreign fingerprint")
+            if seen != len(self.where):
+                raise IntegrityError(f"{len(self.where) - seen} indexed keys are not in the tree")
+            if not self.pending <= set(self.where):
+                raise IntegrityError("a pending key is not indexed")
+            for key in self.doomed:
+                holder = self.tree.node(self.where.get(key, -1))
+                if (holder is None or holder.state is None or holder.state.key != key
+                        or not holder.state_lock):
+                    raise IntegrityError(f"doomed {key} is not a locked checkpoint")
+            want: Counter[tuple[str, int]] = Counter()
+            for lease in self.leases.values():
+                want.update(("kv", n) for n in lease.kv_nodes)
+                want.update(("anchor", n) for n in lease.anchor_nodes)
+                if lease.state_node:
+                    want[("state", lease.state_node)] += 1
+            for node in self.tree.nodes():
+                for what, have in (("kv", node.kv_lock_own), ("state", node.state_lock),
+                                   ("anchor", node.anchor_lock)):
+                    if have != want[(what, node.id)]:
+                        raise IntegrityError(f"{node}: {have} {what} locks, leases hold "
+                                             f"{want[(what, node.id)]}")
+
+    def close(self) -> None:
+        """Stop the policy's tuner and detach from the backend (which stays open)."""
+        self.eviction.close()
+        self.backend.detach(self.fingerprint)

@@ -1,0 +1,318 @@
+"""Saving into the index, in two phases so tier I/O never runs under the index's lock.
+
+``begin``: checks each object (size against the geometry, anchor pages, range), derives
+its key, skips what is present (indexed, even with its put still in flight from another
+save, or covered by a stored KV chunk with the same end), makes
+room for the whole batch (reclaim, then policy eviction), asks the ledger where each object
+goes and indexes it as pending. It returns a ``SaveTicket``: the ops to run, in order, and
+which op decides each object. ``complete``: the workers' results for some of those ops
+(local ones and shared-tier ones arrive separately); a put that failed is unindexed, one
+that succeeded becomes loadable. ``result`` summarises a completed ticket.
+
+A save that stores nothing leaves the tree as it was; nothing raised for store failures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.hashes import Hashes
+from hybrid_connector.core.keys import ObjectKey, ObjectKind, PrefixHasher, as_tokens
+from hybrid_connector.core.meta import ObjectMeta
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.manifests import encode_record, manifest_name
+from hybrid_connector.index.plan import ObjectSpec, Rejection, SaveResult
+from hybrid_connector.index.reclaim import Reclaimer
+from hybrid_connector.index.state import IndexCore
+from hybrid_connector.policies.admission.anchors import anchor_block_bytes
+from hybrid_connector.tiers.ops import Move, Op, Put, Record, Remove
+from hybrid_connector.tree.radix import Node, ObjectRef
+
+
+@dataclass(frozen=True)
+class SaveTicket:
+    """One ``begin``'s decisions. ``keys[i]``: the key spec i is stored under (None: not
+    stored by this save: rejected or already present). ``puts``: op index -> (key, whether
+    it is the shared-tier copy)."""
+
+    id: int
+    ops: tuple[Op, ...]
+    keys: tuple[ObjectKey | None, ...]
+    present: int
+    rejections: tuple[Rejection, ...]
+    evicted_bytes: int
+    puts: Mapping[int, tuple[ObjectKey, bool]] = field(default_factory=dict)
+    leaf: tuple[int, int] = (0, 0)  # (node id, depth) the save ended at: the next one's start
+    metas: Mapping[ObjectKey, ObjectMeta] = field(default_factory=dict)  # travels with puts
+
+
+def object_nbytes(geo: ModelGeometry, cfg: HybridConfig, kind: ObjectKind, start: int,
+                  end: int) -> int:
+    """Payload bytes the geometry gives an object (per TP rank): ``end - start`` tokens of
+    KV, one checkpoint, or one page's anchor block."""
+    if kind is ObjectKind.KV:
+        return (end - start) * geo.kv_bytes_per_token()
+    if kind is ObjectKind.STATE:
+        return geo.state_bytes()
+    density = cfg.anchor_density or 1.0 / cfg.anchor_page_size
+    return anchor_block_bytes(geo, cfg.anchor_page_size, density)
+
+
+class Saver:
+    """The save half of a ``CacheIndex`` (shares its ``IndexCore`` state)."""
+
+    def __init__(self, index: IndexCore, reclaim: Reclaimer) -> None:
+        self.ix = index
+        self.reclaim = reclaim
+        self._next = 1
+        self._failed: dict[int, list[Rejection]] = {}  # ticket id -> puts that failed
+        self._anchor_bytes: int | None = None
+
+    # ------------------------------------------------------------------ checks
+    def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
+        """Payload bytes the geometry gives an object (per TP rank): ``end - start`` tokens
+        of KV, one checkpoint, or one page's anchor block."""
+        if kind is ObjectKind.ANCHOR:
+            if self._anchor_bytes is None:  # fixed by the geometry and the config
+                self._anchor_bytes = object_nbytes(self.ix.geometry, self.ix.config, kind, 0, 0)
+            return self._anchor_bytes
+        return object_nbytes(self.ix.geometry, self.ix.config, kind, start, end)
+
+    def _check(self, sp: ObjectSpec, n: int) -> str | None:
+        if sp.end > n or (sp.kind is ObjectKind.STATE and sp.end == 0):
+            return "outside"
+        page = self.ix.config.anchor_page_size
+        if sp.kind is ObjectKind.ANCHOR and (sp.start % page or sp.end - sp.start != page):
+            return "page"
+        if sp.nbytes != self.expected_nbytes(sp.kind, sp.start, sp.end):
+            return "size"
+        return None
+
+    def _covered(self, leaf: Node, key: ObjectKey) -> bool:
+        """Is KV chunk ``key`` redundant: a stored chunk with its end starts at or before
+        it? (One that starts later is replaced, unless a lease holds it.)"""
+        if key.kind is not ObjectKind.KV:
+            return False
+        old = self.ix.deepest_holder(leaf, key.end).kv.get(key.end)
+        return old is not None and (old.start <= key.start or old.key in self.ix.leased
+                                    or old.key in self.ix.pending)
+
+    def _heal(self, keys: Sequence[ObjectKey]) -> None:
+        """Unindex objects of this save that the index lists but the tiers lost without
+        telling (a restarted remote), so they are stored again instead of "present"."""
+        ix = self.ix
+        keys = [k for k in keys if k in ix.where and ix.usable(k)]
+        with ix.backend.lock:
+            lost = [k for k in keys if ix.ledger.where(k) is None]
+        for key in lost:
+            self.reclaim.unindex(key)
+
+    # ------------------------------------------------------------------ begin
+    def begin(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
+              hashes: Hashes | None = None, start: tuple[int, int] | None = None) -> SaveTicket:
+        """Decide the save of ``specs`` made for ``tokens`` (which must cover every end).
+        ``hashes``: prefix hashes of ``tokens`` the caller keeps (a request's
+        ``ChainHasher``, so a save costs O(new tokens), or an engine's ``EngineHashes``);
+        computed from scratch when None. ``start``: the ``leaf`` of this request's previous
+        ticket, so the radix insert resumes there instead of walking the whole prefix
+        (ignored when that node is gone). Returns the ticket whose ops the workers must run
+        (see the module docstring)."""
+        ix = self.ix
+        arr = as_tokens(tokens)
+        hasher: Hashes = hashes if hashes is not None else PrefixHasher(arr, ix.config.hash_block_size)
+        order = sorted(range(len(specs)), key=lambda i: (specs[i].end, specs[i].kind.value))
+        keys: list[ObjectKey | None] = [None] * len(specs)
+        metas: dict[ObjectKey, ObjectMeta] = {}
+        refused: list[Rejection] = []
+        puts: dict[int, tuple[ObjectKey, bool]] = {}
+        present = evicted = 0
+        with ix.lock:
+            tid, self._next = self._next, self._next + 1
+            first_new = ix.tree.next_id
+            top = max((sp.end for sp in specs if sp.end <= arr.size), default=0)
+            hint = ix.tree.node(start[0]) if start else None
+            if hint is not None and start is not None and (hint.depth != start[1] or hint.depth > top):
+                hint = None  # gone, merged into another node, or past this save
+            leaf = ix.tree.insert(arr[:top], start=hint)
+            ix.tree.lock_kv(leaf)  # keep the path alive while we evict for room
+            try:
+                cand = {i: ObjectKey(ix.fingerprint, hasher.at(specs[i].end), specs[i].kind,
+                                     specs[i].start, specs[i].end)
+                        for i in order if specs[i].end <= arr.size}
+                self._heal(list(cand.values()))
+                batch: set[ObjectKey] = set()
+                for i in order:
+                    sp = specs[i]
+                    reason = self._check(sp, int(arr.size))
+                    if reason is not None:
+                        refused.append(Rejection(sp.kind, sp.start, sp.end, reason))
+                        continue
+                    key = cand[i]
+                    # indexed and ready, or its put is in flight (another save's, still
+                    # pending): present, never placed twice
+                    if ((key in ix.where and key not in ix.doomed) or key in batch
+                            or self._covered(leaf, key)):
+                        present += 1
+                        continue
+                    with ix.backend.lock:
+                        too_large = sp.nbytes > ix.ledger.max_object_bytes(sp.kind)
+                    if too_large:
+                        refused.append(Rejection(sp.kind, sp.start, sp.end, "too_large"))
+                        continue
+                    # objects placed before are in the ledger already: room for this one
+                    ok, freed = self.reclaim.make_room(sp.kind, {sp.kind: sp.nbytes}, batch)
+                    evicted += freed
+                    # what a warm restart re-links it from (its tokens, its chain hashes)
+                    meta = (ObjectMeta.for_range(arr, sp.start, sp.end, sp.kind, hasher)
+                            if ix.backend.keeps_meta else None)
+                    if ok:
+                        ok = self._place(leaf, key, sp.nbytes, puts, meta)
+                    if not ok:
+                        refused.append(Rejection(sp.kind, sp.start, sp.end, "no_room"))
+                        continue
+                    batch.add(key)
+                    keys[i] = key
+                    if meta is not None:
+                        metas[key] = meta
+            finally:
+                ix.tree.lock_kv(leaf, -1)
+            for r in refused:
+                ix.stats.rejected[r.kind.value] += 1
+            survivor = self.reclaim.tidy_new(leaf, first_new)
+            ix.clock += 1
+            ix.eviction.on_access(ix.tree.path_to(survivor), ix.clock)
+            ops = tuple(ix.outbox)
+            ix.outbox = []
+        ix.deliver_foreign_drops()
+        return SaveTicket(tid, ops, tuple(keys), present, tuple(refused), evicted, puts,
+                          (survivor.id, survivor.depth), metas)
+
+    def _place(self, leaf: Node, key: ObjectKey, nbytes: int,
+               puts: dict[int, tuple[ObjectKey, bool]], meta: ObjectMeta | None) -> bool:
+        """Ask the ledger for a tier; index the object as pending there. A KV chunk
+        written to the shared tier is announced there too (``hybrid_connector.index.manifests``)."""
+        ix = self.ix
+        with ix.backend.lock:
+            if key in ix.ledger.entries and (key not in ix.where or key in ix.doomed):
+                # an orphan of this key (a warm restart could not re-link it), or what is
+                # left of a doomed one: replace it
+                ix.outbox.extend(ix.ledger.remove(key))
+            placement = ix.ledger.place(key, nbytes)
+            shared = ix.ledger.shared_tier
+            for op in placement.ops:
+                if isinstance(op, Put) and op.key == key:
+                    puts[len(ix.outbox)] = (key, op.tier == shared)
+                ix.outbox.append(op)
+                if (isinstance(op, Put) and op.key == key and op.tier == shared
+                        and key.kind is ObjectKind.KV and shared is not None and meta is not None):
+                    ix.outbox.append(Record(key, shared, manifest_name(key.fingerprint, meta.prev),
+                                            encode_record(key, nbytes, meta)))
+            for k in placement.dropped:
+                (self.reclaim.unindex(k) if k.fingerprint == ix.fingerprint
+                 else ix.foreign_drops.append(k))
+        if placement.tier is None:
+            return False
+        self._index(leaf, key, nbytes)
+        return True
+
+    def _index(self, leaf: Node, key: ObjectKey, nbytes: int) -> None:
+        """Attach a placed object, pending, to the node on ``leaf``'s path holding its end."""
+        ix = self.ix
+        node = ix.deepest_holder(leaf, key.end)
+        ref = ObjectRef(key, nbytes)
+        ix.doomed.discard(key)
+        if key.kind is ObjectKind.STATE:
+            if node.depth != key.end:
+                node = ix.tree.split(node, key.end)
+            ix.tree.set_state(node, ref)
+        elif key.kind is ObjectKind.KV:
+            old = ix.tree.add_kv(node, ref)
+            if old is not None and old.key != key:  # a chunk covering more replaced it
+                self.reclaim.forget([old])
+            ix.max_kv_len = max(ix.max_kv_len, key.end - key.start)
+        else:
+            ix.tree.add_anchor(node, ref)
+        ix.where[key] = node.id
+        ix.pending.add(key)
+        ix.eviction.on_change(node)
+
+    # ------------------------------------------------------------------ complete
+    def complete(self, ticket: SaveTicket, indices: Sequence[int], results: Sequence[bool]) -> None:
+        """The workers ran ``ticket.ops[i]`` for ``i in indices`` with these results. May be
+        called once per lane; ops it leaves (removals of failed copies) go to ``drain``."""
+        ix = self.ix
+        with ix.lock:
+            for i, ok in zip(indices, results, strict=True):
+                op = ticket.ops[i]
+                if i in ticket.puts:
+                    self._commit(ticket, *ticket.puts[i], bool(ok))
+                elif not ok and isinstance(op, Move | Put):
+                    # A failed move, or a promotion's failed put back: no copy is left there.
+                    with ix.backend.lock:
+                        self.reclaim.apply(ix.ledger.lost(op.key, op.dst if isinstance(op, Move) else op.tier))
+                    if op.key in ix.where and ix.ledger.where(op.key) is None:
+                        self.reclaim.unindex(op.key)
+        ix.deliver_foreign_drops()
+
+    def _commit(self, ticket: SaveTicket, key: ObjectKey, shared: bool, ok: bool) -> None:
+        ix = self.ix
+        with ix.backend.lock:
+            entry = ix.ledger.entries.get(key)
+            placed = entry.tier if entry is not None else None
+            usable = ix.ledger.commit(key, ok, shared)
+            loadable = ix.ledger.where(key) is not None
+            if not ok and not shared and placed is not None:
+                # Failed on some rank: the other ranks' shards of it must go too.
+                ix.outbox.append(Remove(key, placed))
+        if usable and loadable and key in ix.pending:
+            ix.pending.discard(key)
+            ix.stats.stored[key.kind.value] += 1
+            node = ix.tree.node(ix.where[key])
+            if node is not None:
+                ix.eviction.on_change(node)
+        elif not usable and key in ix.where:
+            self._failed.setdefault(ticket.id, []).append(
+                Rejection(key.kind, key.start, key.end, "store"))
+            ix.stats.rejected[key.kind.value] += 1
+            self.reclaim.unindex(key)
+
+    def result(self, ticket: SaveTicket) -> SaveResult:
+        """The outcome of a ticket whose ops all reported."""
+        ix = self.ix
+        with ix.lock:
+            failed = self._failed.pop(ticket.id, [])
+            stored = sum(1 for k in ticket.keys if k is not None and k in ix.where
+                         and k not in ix.pending)
+        refused = (*ticket.rejections, *failed)
+        return SaveResult(stored, ticket.present, len(refused), ticket.evicted_bytes, refused,
+                          ticket.leaf)
+
+    # ------------------------------------------------------------------ finish
+    def keeps(self, num_tokens: int, spec: ObjectSpec) -> bool:
+        """False for the end-of-request checkpoint of a request of ``num_tokens`` tokens
+        when admission does not keep it; True for everything else."""
+        if spec.kind is not ObjectKind.STATE or spec.end != self.ix.final_checkpoint(num_tokens):
+            return True
+        return self.ix.admission.admit_final(num_tokens)
+
+    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
+        """End of a request whose last objects were saved: release KV on its path that can
+        no longer produce a hit, and tell the eviction policy about the request
+        (``prompt_len``: how many of ``tokens`` were the prompt, default all). An empty
+        request is a no-op. Raises ValueError for ``prompt_len`` outside [0, len]."""
+        ix = self.ix
+        arr = as_tokens(tokens)
+        plen = int(arr.size) if prompt_len is None else prompt_len
+        if not 0 <= plen <= arr.size:
+            raise ValueError(f"prompt_len {prompt_len} outside [0, {arr.size}]")
+        if arr.size == 0:
+            return
+        with ix.lock:
+            m = ix.tree.match(arr)
+            self.reclaim.prune_upward(m.node)
+            if plen:
+                ix.eviction.on_request(arr, plen)

@@ -1,0 +1,178 @@
+"""The state a ``CacheIndex`` shares with its halves (``Reclaimer``, ``Saver``): the tree,
+the per-key bookkeeping, the ledger and the policies, plus the small helpers all of them
+use. See ``hybrid_connector.index.cache_index`` for the contracts; nothing here takes a decision.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.keys import ObjectKey, ObjectKind, model_fingerprint
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
+from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.ops import Op
+from hybrid_connector.tree.radix import Node, ObjectRef, RadixTree
+
+
+class Policies(NamedTuple):
+    """The policies an index runs (built by ``hybrid_connector.assemble``)."""
+
+    eviction: EvictionPolicy
+    admission: AdmissionPolicy
+
+
+@dataclass
+class CacheStats:
+    """Running counters (mutable, owned by the index; copy before publishing)."""
+
+    lookups: int = 0
+    hits: int = 0
+    approx_hits: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    stored: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
+    rejected: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
+    evicted: dict[str, int] = field(default_factory=lambda: {k.value: 0 for k in ObjectKind})
+    load_failures: int = 0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Locks taken by ``acquire``; pass back to ``release`` exactly once (a second release
+    raises ValueError)."""
+
+    id: int
+    kv_nodes: tuple[int, ...]
+    state_node: int
+    anchor_nodes: tuple[int, ...]
+    keys: tuple[ObjectKey, ...] = ()
+
+
+def check_alignment(alignment: int) -> int:
+    """``alignment`` if it is a positive int, else ValueError."""
+    if isinstance(alignment, bool) or not isinstance(alignment, int | np.integer) or alignment <= 0:
+        raise ValueError(f"alignment must be a positive integer, got {alignment!r}")
+    return int(alignment)
+
+
+class IndexCore:
+    """The shared state of one index (see ``CacheIndex``). Mutated only under ``lock``."""
+
+    def __init__(self, config: HybridConfig, geometry: ModelGeometry, backend: Backend,
+                 policies: Policies, layout: dict[str, object] | None = None,
+                 model_id: str = "") -> None:
+        self.config = config
+        self.geometry = geometry
+        self.backend = backend
+        self.ledger = backend.ledger
+        self.tree = RadixTree(on_move=self._on_move)
+        self.fingerprint = model_fingerprint(
+            {**geometry.fingerprint_fields(), "chunk": config.chunk_size,
+             "hash_block": config.hash_block_size, "model_id": model_id, **(layout or {})})
+        self.needs_state = bool(geometry.recurrent_layers)
+        self.needs_kv = bool(geometry.attention_layers)  # False: a state-only model
+        self.eviction, self.admission = policies
+        self.stats = CacheStats()
+        self.lock = threading.RLock()
+        self.where: dict[ObjectKey, int] = {}  # key -> id of the node holding its ref
+        self.pending: set[ObjectKey] = set()   # indexed, put in flight: not loadable yet
+        self.doomed: set[ObjectKey] = set()    # lost while leased: unindexed at release
+        self.leases: dict[int, Lease] = {}
+        self.leased: Counter[ObjectKey] = Counter()
+        self.outbox: list[Op] = []
+        self.foreign_drops: list[ObjectKey] = []
+        self.max_kv_len = config.chunk_size
+        self.clock = 0.0
+        self._next_lease = 1
+
+    # ---------------------------------------------------------------- state
+    def usable(self, key: ObjectKey) -> bool:
+        return key not in self.pending and key not in self.doomed
+
+    def busy(self, node: Node) -> bool:
+        """Does ``node`` hold an object whose put is in flight? (never evicted or merged)"""
+        if not self.pending:
+            return False
+        refs = [*node.kv.values(), *node.anchors.values(), *([node.state] if node.state else [])]
+        return any(r.key in self.pending for r in refs)
+
+    def drain(self) -> list[Op]:
+        """Take the ops the last calls left for the workers (run them in order)."""
+        with self.lock:
+            ops, self.outbox = self.outbox, []
+        return ops
+
+    def deliver_foreign_drops(self) -> None:
+        """Tell other indexes on the backend about their objects our placement dropped
+        (outside our lock: their callbacks take their own)."""
+        with self.lock:
+            keys, self.foreign_drops = self.foreign_drops, []
+        if keys:
+            self.backend.report_dropped(keys)
+
+    def _alignment(self, alignment: int | None) -> int:
+        return check_alignment(self.config.alignment if alignment is None else alignment)
+
+    def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int:
+        """Where the end-of-request checkpoint must be taken to be usable: the last aligned
+        position at or before ``num_tokens`` (an unaligned state can never hit)."""
+        align = self._alignment(alignment)
+        return num_tokens - num_tokens % align
+
+    def deepest_holder(self, node: Node, p: int) -> Node:
+        """The node on ``node``'s path whose edge holds position p (``0 < p <= depth``)."""
+        cur = node
+        while cur.parent is not None and cur.start >= p:
+            cur = cur.parent
+        return cur
+
+    def _node(self, node_id: int) -> Node:
+        node = self.tree.node(node_id)
+        if node is None:
+            raise KeyError(f"node {node_id} is gone while locked (bookkeeping bug)")
+        return node
+
+    def _on_move(self, node: Node, refs: Iterable[ObjectRef]) -> None:
+        for r in refs:
+            self.where[r.key] = node.id
+
+    def attach_ready(self, node: Node, key: ObjectKey, nbytes: int) -> None:
+        """Index an object that is already stored (a warm restart, another instance's on
+        the shared tier) at ``node``, whose edge holds its end (a state: ends there)."""
+        ref = ObjectRef(key, nbytes)
+        if key.kind is ObjectKind.KV:
+            self.tree.add_kv(node, ref)
+            self.max_kv_len = max(self.max_kv_len, key.end - key.start)
+        elif key.kind is ObjectKind.STATE:
+            self.tree.set_state(node, ref)
+        else:
+            self.tree.add_anchor(node, ref)
+        self.where[key] = node.id
+        self.eviction.on_change(node)
+
+    def node_ending_at(self, tokens: np.ndarray, pos: int) -> Node:
+        """A node ending exactly at ``pos`` of ``tokens`` (split off when ``pos`` falls
+        inside an edge); ``tokens[:pos]`` must be in the tree."""
+        m = self.tree.match(tokens[:pos])
+        if m.length < pos:
+            raise KeyError(f"prefix of {pos} tokens is not in the tree")
+        holder = m.partial if m.partial is not None else m.node
+        if holder is not self.tree.root and holder.depth != pos:
+            holder = self.tree.split(holder, pos)
+        return holder

@@ -1,0 +1,86 @@
+"""Move bytes between transformers' cache tensors and payload parts, through ``hybrid_connector/kernels/``.
+
+What the parts are is ``hybrid_connector.payload.layout`` (one description from the geometry); this
+module only moves them, each move one call of the ``kernels`` dispatch point (CUDA kernels
+for CUDA tensors, bit-identical torch code elsewhere):
+
+* KV: a ``DynamicLayer`` holds ``[1, heads, seq, head_dim]``, a KV part is token-major
+  ``[n, heads, head_dim]``. Both are row tensors of ``head_dim`` values, so the transpose is
+  a row gather (``kernels.pack_anchors``, same dtype) on the way out and a row scatter
+  (``kernels.unpack_anchors``) on the way in: part row ``t * heads + h`` is cache row
+  ``h * seq + start + t``.
+* Conv state: the cache holds ``[1, channels, kernel]``, the part keeps the last
+  ``kernel - 1`` columns: rows of ``kernel - 1`` values at a row stride of ``kernel``, which
+  the same row kernels move (and cast, when a caller's dtype differs).
+* Recurrent state: whole dense tensors, copied as pages (``kernels.copy_state_pages``), all
+  layers of a checkpoint in one call.
+
+Destinations are always written through views (never a silent copy), and sources are only
+read. Shapes are checked by the kernels (ValueError naming the argument).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hybrid_connector import kernels
+
+
+def _kv_rows(heads: int, seq: int, start: int, n: int) -> torch.Tensor:
+    """Cache row of part row ``t * heads + h``: ``h * seq + start + t`` (host int64)."""
+    t = torch.arange(start, start + n, dtype=torch.int64).unsqueeze(1)
+    h = torch.arange(heads, dtype=torch.int64).unsqueeze(0) * seq
+    return (t + h).reshape(-1)
+
+
+def gather_kv(cache: torch.Tensor, start: int, out: torch.Tensor) -> None:
+    """``out[t] = cache[0, :, start + t]`` for ``out`` ``[n, heads, head_dim]`` (contiguous,
+    the cache's dtype) and ``cache`` ``[1, heads, seq, head_dim]``."""
+    n, heads, dim = out.shape
+    seq = int(cache.shape[2])
+    rows = cache[0].reshape(heads * seq, dim)
+    kernels.pack_anchors(rows, _kv_rows(heads, seq, start, n), out=out.view(n * heads, dim))
+
+
+def scatter_kv(part: torch.Tensor, dst: torch.Tensor, start: int) -> None:
+    """``dst[0, :, start + t] = part[t]`` for ``part`` ``[m, heads, head_dim]`` and ``dst``
+    ``[1, heads, seq, head_dim]`` (contiguous; converted to its dtype)."""
+    m, heads, dim = part.shape
+    seq = int(dst.shape[2])
+    kernels.unpack_anchors(part.contiguous().view(m * heads, dim), dst[0].view(heads * seq, dim),
+                           _kv_rows(heads, seq, start, m))
+
+
+def gather_conv(conv: torch.Tensor, out: torch.Tensor) -> None:
+    """The last ``kernel - 1`` columns of ``conv`` ``[1, *channels, kernel]`` into ``out``
+    ``[*channels, kernel - 1]`` (contiguous, the conv's dtype)."""
+    kernel = int(conv.shape[-1])
+    rows = conv[0].reshape(-1, kernel)[:, 1:]
+    kernels.pack_anchors(rows, torch.arange(rows.shape[0]), out=out.view(-1, kernel - 1))
+
+
+def scatter_conv(conv: torch.Tensor, dst: torch.Tensor) -> None:
+    """Write ``conv`` (``[*channels, kernel - 1]`` or ``[*channels, kernel]``, any float
+    dtype, on ``dst``'s device) into ``dst`` ``[1, *channels, kernel]`` (contiguous), cast
+    to ``dst``'s dtype. A ``kernel - 1`` wide conv is right-aligned and the oldest column
+    zeroed, as transformers pads a prefill shorter than the kernel."""
+    kernel = int(dst.shape[-1])
+    width = int(conv.shape[-1])
+    rows = dst[0].view(-1, kernel)
+    if width == kernel - 1:
+        rows[:, 0].zero_()
+        rows = rows[:, 1:]
+    elif width != kernel:
+        raise ValueError(f"conv state is {width} wide, the cache's kernel is {kernel}")
+    data = conv.contiguous().view(-1, width)
+    kernels.unpack_anchors(data, rows, torch.arange(data.shape[0]))
+
+
+def copy_states(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for same-shape, same-dtype dense tensors on one device, as
+    one ``kernels.copy_state_pages`` call (each tensor one page)."""
+    if src:
+        kernels.copy_state_pages([s.unsqueeze(0) for s in src], [d.unsqueeze(0) for d in dst],
+                                 [0], [0])

@@ -1,0 +1,340 @@
+"""The scheduler side of the vLLM connector: the index (no bytes) in the engine-core
+process, answering vLLM's hit queries under the hit rule and turning vLLM's steps into
+load and save jobs for the TP workers (``RankGather`` merges their reports).
+
+Hits (``match``): exact only (stock vLLM cannot replay anchors), at a block boundary or at
+a saved end-of-request state (below), below the request's token count
+(vLLM recomputes the last token), deeper than the engine's own hit; reported as async so
+the state lands in its block before ``preprocess_mamba`` copies it to the running block.
+Saves (``saves_for``): KV chunks on the ``chunk_size`` grid (cut at kept checkpoints) as
+their tokens are computed, and states only at the boundaries vLLM offers
+(``boundary_state_offloads``, exact block ids), of which admission keeps the branch points
+it wants and the last boundary of the prompt. The workers copy both out of the blocks in
+``wait_for_save`` of the same step, so vLLM never has to hold blocks for a save, except for
+one: the exact end-of-request state (``finish_tail``, Marconi's input+output checkpoint).
+When a request of a recurrent model finishes at a position N inside a block, its state at N
+sits in its Mamba block ``(N - 1) // block_size`` (align mode's running block), where vLLM's
+``preprocess_mamba`` also reads a hit of N tokens from; KV of ``[.., N)`` and that state are
+saved in the next step (vLLM keeps the blocks: ``request_finished`` returns True, the
+workers report the request in ``finished_sending`` once copied), and a later request
+sharing those N tokens hits at N exactly, not at the block below.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hybrid_connector import assemble
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.hashes import EngineHashes
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.cache_index import CacheIndex
+from hybrid_connector.index.plan import LoadPlan, ObjectSpec
+from hybrid_connector.integrations.vllm.meta import (
+    Held,
+    HybridConnectorMetadata,
+    HybridWorkerMetadata,
+    LoadJob,
+    SaveJob,
+    SaveObject,
+)
+from hybrid_connector.integrations.vllm.setup import Groups
+from hybrid_connector.integrations.vllm.stats import hit_sources
+from hybrid_connector.runtime.ranks import RankGather
+from hybrid_connector.runtime.session import cut_chunks
+from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.configured import shared_view, tier_specs
+
+BlockIds = tuple[tuple[int, ...], ...]
+
+
+@dataclass
+class Counters:
+    """What the connector did (exported through vLLM's stats hooks)."""
+
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    loads: int = 0
+    loaded_tokens: int = 0
+    failed_loads: int = 0
+    hits_without_state: int = 0  # must stay 0 for a hybrid model (the hit rule)
+    restored: dict[str, int] = field(default_factory=dict)  # warm restart: indexed by kind
+    saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+
+class SchedulerSide:
+    """The index side of the connector (see the module docstring). Not thread safe: vLLM
+    calls it from the engine-core thread only."""
+
+    def __init__(self, config: HybridConfig, geometry: ModelGeometry, groups: Groups,
+                 world_size: int, hash_block_size: int, layout: Mapping[str, object]) -> None:
+        self.config = config
+        self.groups = groups
+        self.bs = groups.block_size
+        self.hash_block = hash_block_size
+        # a recurrent model's hits land on saved states, which sit at block boundaries or at
+        # an end-of-request tail (any position); KV-only hits stay on the block grid
+        self.hit_align = 1 if groups.recurrent else self.bs
+        self.index: CacheIndex = assemble.index(config, geometry, Backend(tier_specs(config)),
+                                                layout=dict(layout))
+        self.gather = RankGather(self.index, world_size)
+        # other instances' objects on the shared tier are found through its manifests
+        self.index.shared_view = shared_view(config)  # type: ignore[assignment]
+        self._discovered: set[str] = set()
+        self.stats = Counters()
+        self._requests: dict[str, Any] = {}
+        self._hits: dict[str, tuple[LoadPlan, int]] = {}
+        self._loads: list[LoadJob] = []
+        self._leases: dict[int, tuple[LoadPlan, Any]] = {}
+        self._jobs = itertools.count(1)
+        self._kv_saved: dict[str, int] = {}
+        self._states_saved: dict[str, set[int]] = defaultdict(set)
+        self._offers: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
+        self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
+        self.sources: dict[str, dict[Any, int]] = {}  # request -> external tokens by tier
+        self._adopted = False
+        self._tail_blocks: dict[str, dict[int, int]] = {}  # vLLM's partial-tail sources
+        self._finish_saves: list[SaveJob] = []  # end-of-request tails for the next step
+
+    # ---------------------------------------------------------------- hits
+    def tokens(self, request: Any) -> np.ndarray:
+        return np.asarray(request.all_token_ids[: request.num_tokens], dtype=np.int64)
+
+    def match(self, request: Any, num_computed: int) -> tuple[int, bool]:
+        """vLLM's ``get_num_new_matched_tokens``; remembers the plan for the allocation."""
+        rid = request.request_id
+        self._requests[rid] = request
+        self._hits.pop(rid, None)
+        if num_computed % self.bs:
+            return 0, False
+        toks = self.tokens(request)
+        if self.index.shared_view is not None and rid not in self._discovered:
+            self._discovered.add(rid)  # once per request: a lookup may be repeated
+            self.index.discover(toks, EngineHashes(self.hash_block, list(request.block_hashes), toks),
+                                alignment=self.bs)
+        plan = self.index.lookup(toks, alignment=self.hit_align, replay=False)
+        if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
+            return 0, False
+        self._hits[rid] = (plan, num_computed)
+        return plan.num_tokens - num_computed, True
+
+    def allocated(self, request: Any, block_ids: BlockIds, num_external: int) -> None:
+        """vLLM's ``update_state_after_alloc``: lease the plan and queue its load."""
+        hit = self._hits.pop(request.request_id, None)
+        if num_external <= 0 or hit is None:
+            return
+        plan, local = hit
+        end = local + num_external
+        toks = self.tokens(request)
+        if end != plan.num_tokens:  # vLLM took less: the state must sit exactly at end
+            plan = self.index.lookup_at(toks, end, alignment=self.hit_align) \
+                if end % self.hit_align == 0 else plan
+        lease = self.index.acquire(plan) if plan.num_tokens == end else None
+        self.index.record_lookup(plan)
+        job = next(self._jobs)
+        objs = plan.objects if lease is not None else ()
+        self._loads.append(LoadJob(
+            request.request_id, job, local, end, tuple(o.ref.key for o in objs),
+            tuple(o.tier for o in objs), tuple(o.ref.nbytes for o in objs), block_ids))
+        self._leases[job] = (plan, lease)
+        self.stats.loads += 1
+        self.stats.loaded_tokens += end - local
+        if lease is not None and self.groups.recurrent and plan.state is None:
+            self.stats.hits_without_state += 1
+        for o in objs:
+            self.stats.hit_sources[o.tier] += 1
+        kv = [o for o in objs if o.ref.key.kind is ObjectKind.KV]
+        self.sources[request.request_id] = hit_sources(
+            [o.tier for o in kv], [(o.ref.key.start, o.ref.key.end) for o in kv], local, end,
+            plan.state.tier if plan.state is not None else None)
+
+    # ---------------------------------------------------------------- saves
+    def _admitted_states(self, rid: str, toks: np.ndarray, upto: int, cap: int) -> list[int]:
+        offers = self._offers.get(rid, {})
+        last = cap - cap % self.bs
+        want = set(self.index.plan_saves(toks[:cap], alignment=self.bs).state_positions) | {last}
+        full = [q for q, by in offers.items()
+                if len(by) == len(self.groups.recurrent_groups) and q <= upto]
+        return sorted(q for q in full if q in want and q not in self._states_saved[rid] and q > 0)
+
+    def saves_for(self, request: Any, end: int, block_ids: BlockIds) -> SaveJob | None:
+        """The save job for ``request`` once its first ``end`` tokens are computed."""
+        rid = request.request_id
+        cap = end if self.config.save_decode_cache else min(end, request.num_prompt_tokens)
+        chunk = self.config.chunk_size
+        kv_from = self._kv_saved.get(rid, 0)
+        kvb = self.index.geometry.kv_bytes_per_token()
+        saved = self._states_saved.get(rid, set())
+        unsaved = self.groups.recurrent and any(q not in saved for q in self._offers.get(rid, {}))
+        if not unsaved and (not kvb or cap - cap % chunk <= kv_from):
+            return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)
+        toks = self.tokens(request)[:end]
+        states = self._admitted_states(rid, toks, end, cap) if self.groups.recurrent else []
+        kv_to = max([cap - cap % chunk, *states])
+        specs: list[ObjectSpec] = []
+        if kv_to > kv_from and kvb:  # a state-only model (pure SSM) saves no KV
+            specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
+                      for s, e in cut_chunks(kv_from, kv_to, chunk, states)]
+        sb = self.index.geometry.state_bytes()
+        specs += [ObjectSpec(ObjectKind.STATE, q, q, sb) for q in states if q >= kv_from]
+        if not specs:
+            return None
+        self._kv_saved[rid] = max(kv_from, kv_to)
+        self._states_saved[rid].update(states)
+        return self._job(request, toks, specs, block_ids,
+                         {q: dict(self._offers[rid][q]) for q in states})
+
+    def _job(self, request: Any, toks: np.ndarray, specs: list[ObjectSpec], block_ids: BlockIds,
+             state_blocks: Mapping[int, Mapping[int, int]]) -> SaveJob | None:
+        """Begin saving ``specs`` (a state at q copied from ``state_blocks[q]``: group ->
+        block); None when the index wants none of them."""
+        hashes = EngineHashes(self.hash_block, list(request.block_hashes), toks)
+        ticket = self.index.begin_save(toks, specs, hashes=hashes)
+        objects = []
+        for key, sp in zip(ticket.keys, specs, strict=True):
+            if key is None:
+                continue
+            blocks = tuple(state_blocks[sp.end].items()) if sp.kind is ObjectKind.STATE else ()
+            objects.append(SaveObject(key, sp.kind, sp.start, sp.end, blocks))
+            self.stats.saved_objects[sp.kind.value] += 1
+        if not ticket.ops:
+            self.gather.forget_ticket(ticket.id)
+            return None
+        self._open[ticket.id] = set(range(len(ticket.ops)))
+        return SaveJob(request.request_id, self.gather.expect(ticket), tuple(objects), block_ids)
+
+    def partial_tail(self, request: Any, offloads: list[tuple[int, int, int]]) -> None:
+        """vLLM's ``register_finished_partial_tail``: the exact blocks holding the state at
+        the request's last computed token (its own bookkeeping, when it keyed a partial
+        tail there); ``finish_tail`` copies the state from them."""
+        n = request.num_computed_tokens
+        got = {int(g): int(b) for g, b, q in offloads if q == n and g in self.groups.recurrent_groups}
+        if got:
+            self._tail_blocks[request.request_id] = got
+
+    def finish_tail(self, request: Any, block_ids: BlockIds) -> bool:
+        """Queue the save of the exact end-of-request state (module docstring) and the KV
+        below it; True when one was queued (vLLM must keep the blocks until the workers
+        report the request in ``finished_sending``). Nothing for a model without recurrent
+        groups, a request with tokens in flight or preempted to zero, a tail on a block
+        boundary (vLLM offers those) or already saved, and generated tokens unless
+        ``save_decode_cache``."""
+        rid = request.request_id
+        n = request.num_computed_tokens
+        vllm_blocks = self._tail_blocks.pop(rid, None)
+        cap = n if self.config.save_decode_cache else min(n, request.num_prompt_tokens)
+        if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
+                or n in self._states_saved.get(rid, set()) or rid not in self._requests):
+            return False
+        if vllm_blocks is None and n % self.bs == 0:
+            return False
+        idx = (n - 1) // self.bs
+        blocks = vllm_blocks or {g: block_ids[g][idx] for g in self.groups.recurrent_groups
+                                 if idx < len(block_ids[g]) and block_ids[g][idx]}
+        if len(blocks) != len(self.groups.recurrent_groups):
+            return False  # a block already gone (null): nothing exact to copy
+        toks = self.tokens(request)[:n]
+        kv_from = self._kv_saved.get(rid, 0)
+        specs: list[ObjectSpec] = []
+        kvb = self.index.geometry.kv_bytes_per_token()
+        if kvb and n > kv_from:
+            specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
+                      for s, e in cut_chunks(kv_from, n, self.config.chunk_size)]
+        specs.append(ObjectSpec(ObjectKind.STATE, n, n, self.index.geometry.state_bytes()))
+        job = self._job(request, toks, specs, block_ids, {n: blocks})
+        if job is None:
+            return False
+        self._finish_saves.append(job)
+        return True
+
+    def build_meta(self, scheduler_output: Any) -> HybridConnectorMetadata:
+        """vLLM's ``build_connector_meta``: this step's loads, saves and pending ops."""
+        meta = HybridConnectorMetadata(loads=self._loads, saves=self._finish_saves,
+                                       hold=[j.req_id for j in self._finish_saves])
+        self._loads, self._finish_saves = [], []
+        bstate = scheduler_output.kv_connector_block_state
+        for rid, offers in (bstate.boundary_state_offloads if bstate else {}).items():
+            for g, block_id, q in offers:
+                self._offers[rid][int(q)][int(g)] = int(block_id)
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            req = self._requests.get(rid)
+            ids = bstate.get_block_ids(rid) if bstate is not None else None
+            if req is None or ids is None:
+                continue
+            job = self.saves_for(req, req.num_computed_tokens + n, tuple(tuple(x) for x in ids))
+            if job is not None:
+                meta.saves.append(job)
+        drained = self.gather.drained()
+        if drained is not None:
+            self._open[drained.ticket] = set(range(len(drained.ops)))
+            meta.ops.append(drained)
+        return meta
+
+    # ---------------------------------------------------------------- reports
+    def reports(self, meta: HybridWorkerMetadata | None) -> None:
+        """vLLM's ``update_connector_output``: apply the ranks' reports to the index."""
+        if meta is None:
+            return
+        if meta.inventory:
+            self._adopt(meta.inventory)
+        for rep in meta.op_reports:
+            if self.gather.op_report(rep):
+                left = self._open.get(rep.ticket)
+                if left is not None:
+                    left.difference_update(rep.indices)
+                    if not left:
+                        del self._open[rep.ticket]
+                        self.gather.forget_ticket(rep.ticket)
+        for job, load in meta.load_reports:
+            entry = self._leases.get(job)
+            if entry is None:
+                continue
+            plan, lease = entry
+            failed = self.gather.load_report(plan, load) if lease is not None else ()
+            if failed is None:
+                continue  # other ranks still to report
+            del self._leases[job]
+            if lease is not None:
+                self.index.release(lease)
+            if failed or lease is None:
+                self.stats.failed_loads += 1
+            else:
+                self.stats.hits += 1
+                self.stats.hit_tokens += plan.num_tokens
+
+    def _adopt(self, inventory: list[tuple[int, list[Held]]]) -> None:
+        """Each rank's first report: what its NVMe tier kept (``RankGather.inventory``
+        adopts what every rank holds once all reported, and removes the rest)."""
+        for rank, items in inventory:
+            # vLLM's block hashes cannot be recomputed here (extra keys, its hash function):
+            # the chain is trusted to the NVMe tier's checksums, as rebuild.py documents
+            got = None if self._adopted else self.gather.inventory(rank, items, verify=False)
+            if got is not None:
+                self.stats.restored, self._adopted = dict(got.indexed), True
+
+    def finished(self, request: Any, block_ids: BlockIds = ()) -> bool:
+        """vLLM's ``request_finished``: queue its end-of-request tail (``finish_tail``), then
+        forget the request (its other saves are copied already). True: keep its blocks."""
+        rid = request.request_id
+        held = self.finish_tail(request, block_ids) if block_ids else False
+        self._tail_blocks.pop(rid, None)
+        self._discovered.discard(rid)
+        for d in (self._requests, self._hits, self._kv_saved, self._states_saved, self._offers,
+                  self.sources):
+            d.pop(rid, None)
+        self.index.finish(self.tokens(request), request.num_prompt_tokens)
+        return held
+
+    def close(self) -> None:
+        self.index.close()
+        if self.index.shared_view is not None:
+            self.index.shared_view.close()  # type: ignore[attr-defined]

@@ -1,0 +1,1 @@
+"""Admission and placement: which states and anchors a request keeps."""

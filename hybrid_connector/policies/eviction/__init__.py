@@ -1,0 +1,1 @@
+"""Eviction: which node or object leaves first (LRU, Marconi, per-tier value)."""

@@ -1,0 +1,1 @@
+"""Tuning Marconi's alpha: grid replays and shadow twins."""

@@ -1,0 +1,1 @@
+"""Talking to the cache server: the client and the wire format."""

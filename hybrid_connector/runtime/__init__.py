@@ -1,0 +1,1 @@
+"""The facades engines drive: embedded cache, one request's session, TP ranks, the replay gate."""

@@ -1,0 +1,203 @@
+"""One request's life against a cache, written once: the demo, the simulator, the
+transformers runtime and the engine integrations all drive requests through it.
+
+::
+
+    s = RequestSession(cache, prompt)       # lookup (+ replay gate), save plan
+    loaded = s.load()                       # acquire + read; s.hit is the usable prefix
+    ... restore, run prompt[s.hit:], taking states at s.checkpoints ...
+    s.release()                             # once the loaded objects are in the engine
+    s.save_prefill(kv, states)              # KV chunks cut at checkpoints, checkpoints
+    s.extend(output_tokens)                 # decode
+    s.finish(kv, states)                    # the rest of the KV, the final checkpoint
+
+What an engine can produce is respected: checkpoints only past the hit (the engine holds
+the state at p and computes onwards), KV chunks from the first chunk the cache lacks, cut
+at multiples of ``chunk_size`` and at every checkpoint (so each checkpoint has KV ending
+exactly at it), the tail after the last cut saved at finish, cut at the final checkpoint.
+Saves are keyed by the request's ``ChainHasher``, so each costs O(new tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.hashes import ChainHasher, Hashes
+from hybrid_connector.core.keys import ObjectKind, as_tokens
+from hybrid_connector.index.discovery import Found
+from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveItem, SaveResult
+from hybrid_connector.index.state import Lease
+from hybrid_connector.policies.base import SavePlan
+
+
+class SessionCache(Protocol):
+    """What a session drives: ``HybridCache`` (embedded) or ``ServerCache`` (server mode),
+    with the contracts ``HybridCache`` documents."""
+
+    @property
+    def config(self) -> HybridConfig: ...
+    def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,
+                 alignment: int | None = None) -> Found: ...
+    def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None,
+               replay: bool | None = None) -> LoadPlan: ...
+    def record_lookup(self, plan: LoadPlan) -> None: ...
+    def plan_saves(self, tokens: Sequence[int] | np.ndarray,
+                   alignment: int | None = None) -> SavePlan: ...
+    def acquire(self, plan: LoadPlan) -> Lease | None: ...
+    def load(self, plan: LoadPlan) -> LoadResult: ...
+    def release(self, lease: Lease | None) -> None: ...
+    def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem],
+             hashes: Hashes | None = None, start: tuple[int, int] | None = None
+             ) -> SaveResult: ...
+    def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int: ...
+    def finish(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = (),
+               prompt_len: int | None = None, hashes: Hashes | None = None,
+               start: tuple[int, int] | None = None) -> SaveResult: ...
+
+
+KVFn = Callable[[int, int], torch.Tensor]  # payload of the KV chunk [start, end)
+Gate = Callable[[LoadPlan], bool]  # may an approximate (replay) plan be used?
+
+
+def cut_chunks(start: int, end: int, chunk: int, cuts: Iterable[int] = (),
+               tail: bool = True) -> list[tuple[int, int]]:
+    """``[start, end)`` cut at multiples of ``chunk`` and at every cut inside it, as
+    consecutive ranges; with ``tail`` False the piece after the last cut is left out."""
+    if chunk <= 0:
+        raise ValueError(f"chunk must be positive, got {chunk}")
+    bounds = {b for b in range(start - start % chunk + chunk, end + 1, chunk)}
+    bounds |= {c for c in cuts if start < c <= end}
+    if tail and end > start:
+        bounds.add(end)
+    out, prev = [], start
+    for b in sorted(bounds):
+        out.append((prev, b))
+        prev = b
+    return out
+
+
+class RequestSession:
+    """One request (see the module docstring). ``alignment``: the engine's hit
+    granularity (default the config's); ``gate`` decides whether an approximate plan may be
+    used (without one, approximate plans are used only when replay is on); ``record``:
+    count the lookup in the cache's statistics. Not thread safe."""
+
+    def __init__(self, cache: SessionCache, prompt: Sequence[int] | np.ndarray, *,
+                 alignment: int | None = None, replay: bool | None = None,
+                 gate: Gate | None = None, record: bool = True) -> None:
+        self.cache = cache
+        self.prompt = as_tokens(prompt)
+        self.n = int(self.prompt.size)
+        self.alignment = alignment
+        self.hasher = ChainHasher(cache.config.hash_block_size, self.prompt)
+        self._extra: list[int] = []
+        self.gate_rejected = False
+        # What other instances stored on a shared tier becomes known before the lookup.
+        self.found = cache.discover(self.prompt, self.hasher, alignment)
+        self.plan = cache.lookup(self.prompt, alignment, replay)
+        if self.plan.hit and not self.plan.exact and gate is not None and not gate(self.plan):
+            self.gate_rejected = True
+            self.plan = cache.lookup(self.prompt, alignment, replay=False)
+        if record:
+            cache.record_lookup(self.plan)
+        self.saves = cache.plan_saves(self.prompt, alignment)
+        self.lease: Lease | None = None
+        self.loaded: LoadResult | None = None
+        self.hit = 0
+        self.kv_done = self.saves.kv_from  # first token whose KV is not saved yet
+        # Tokens another request already brought (cached KV, or up to the branch point):
+        # with ``anchor_admission: shared`` only anchor pages inside them are saved.
+        self.shared = max(self.saves.kv_from, self.saves.branch_point or 0)
+        self._leaf: tuple[int, int] | None = None  # where this request's last save ended
+
+    # ------------------------------------------------------------------ load
+    def load(self) -> LoadResult:
+        """Lock and read the plan (a miss or a stale plan gives ``LoadResult(0)``); the
+        lease is held until ``release`` (or ``finish``)."""
+        if self.plan.hit and self.lease is None:
+            self.lease = self.cache.acquire(self.plan)
+        if self.lease is None:
+            self.loaded = LoadResult(0, True)
+        else:
+            self.loaded = self.cache.load(self.plan)
+        self.hit = self.loaded.num_tokens
+        return self.loaded
+
+    def release(self) -> None:
+        """Unlock what ``load`` read (idempotent)."""
+        lease, self.lease = self.lease, None
+        self.cache.release(lease)
+
+    @property
+    def checkpoints(self) -> tuple[int, ...]:
+        """Checkpoint positions admission wants that the engine can still take: past the
+        hit, before the last prompt token."""
+        return tuple(q for q in self.saves.state_positions if self.hit < q < self.n)
+
+    # ------------------------------------------------------------------ saves
+    @property
+    def tokens(self) -> np.ndarray:
+        """Prompt plus every token ``extend`` added."""
+        return self.hasher.tokens
+
+    def prefill_items(self, kv: KVFn | None, states: Mapping[int, torch.Tensor],
+                      extra: Iterable[SaveItem] = ()) -> list[SaveItem]:
+        """Items for what the prefill computed: KV chunks from the first missing chunk to
+        the last cut inside the prompt (a multiple of the chunk size or a checkpoint), the
+        checkpoints in ``states``, and ``extra`` (anchor pages). Advances ``kv_done``."""
+        cuts = [q for q in states if self.kv_done < q <= self.n]
+        ranges = cut_chunks(self.kv_done, self.n, self.cache.config.chunk_size, cuts, tail=False)
+        items = [SaveItem(ObjectKind.KV, s, e, kv(s, e)) for s, e in ranges] if kv else []
+        if ranges:
+            self.kv_done = ranges[-1][1]
+        items += [SaveItem(ObjectKind.STATE, q, q, t) for q, t in sorted(states.items())]
+        return [*items, *self._admit_anchors(extra)]
+
+    def _admit_anchors(self, extra: Iterable[SaveItem]) -> list[SaveItem]:
+        """``extra`` less the anchor pages ``anchor_admission: shared`` refuses: Marconi's
+        admission rule applied to anchors (reuse is predicted where a prefix was already
+        shared; a prefix seen once, the common case, gets none)."""
+        if self.cache.config.anchor_admission == "all":
+            return list(extra)
+        return [it for it in extra if it.kind is not ObjectKind.ANCHOR or it.end <= self.shared]
+
+    def save_prefill(self, kv: KVFn | None, states: Mapping[int, torch.Tensor],
+                     extra: Iterable[SaveItem] = ()) -> SaveResult:
+        """Save ``prefill_items`` (waits for the tiers; see ``HybridCache.save``)."""
+        items = self.prefill_items(kv, states, extra)
+        if not items:
+            return SaveResult(0, 0, 0)
+        result = self.cache.save(self.prompt, items, hashes=self.hasher, start=self._leaf)
+        self._leaf = result.leaf
+        return result
+
+    def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
+        """Tokens the engine decoded (they become part of the saved prefix at finish)."""
+        self.hasher.append(tokens)
+
+    def finish(self, kv: KVFn | None, states: Mapping[int, torch.Tensor],
+               extra: Iterable[SaveItem] = ()) -> SaveResult:
+        """End the request: the KV not saved yet, cut at the final checkpoint, the states
+        the engine hands over (the final one kept only if admission wants it) and
+        ``extra``; then release the lease and let the cache drop dead KV."""
+        self.release()
+        m = len(self.hasher)
+        final = self.cache.final_checkpoint(m, self.alignment)
+        ranges = cut_chunks(self.kv_done, m, self.cache.config.chunk_size, [final])
+        items = [SaveItem(ObjectKind.KV, s, e, kv(s, e)) for s, e in ranges] if kv else []
+        self.kv_done = m
+        items += [SaveItem(ObjectKind.STATE, q, q, t) for q, t in sorted(states.items())]
+        items += self._admit_anchors(extra)
+        return self.cache.finish(self.tokens, items, prompt_len=self.n, hashes=self.hasher,
+                                 start=self._leaf)
+
+    def __enter__(self) -> RequestSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,145 @@
+"""Replayers for the alpha tuner: re-run a window of requests through a fresh cache.
+
+``CacheReplayer(...)(window, alpha, eval_from)`` builds an empty ``HybridCache`` over a
+``SizeOnlyStore`` with the live cache's budget, admission and accounting and a fixed-alpha
+``MarconiEviction``, replays the window with the simulator's loop, and returns the
+objective summed over ``window[eval_from:]``: FLOPs saved by hits (``"flops"``, measured with
+the policy's own accounting, so ``marconi_reference`` tunes on the reference's FLOPs) or
+hit tokens (``"token_hits"``). Pure: every call starts from nothing and closes its cache.
+
+``CacheShadow`` is the shadow tuner's twin: the same kind of size-only cache, kept across
+calls, stepped one request at a time with one candidate's alpha and refresh mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.policies import build
+from hybrid_connector.policies.base import AdmissionPolicy
+from hybrid_connector.policies.eviction.accounting import Accounting
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.policies.tuning.base import Candidate, TunerRequest
+from hybrid_connector.policies.tuning.shadow import ShadowFactory
+from hybrid_connector.sim.engine import Simulator
+from hybrid_connector.sim.store import Budget
+
+OBJECTIVES = ("flops", "token_hits")
+
+
+class CacheReplayer:
+    """Replays tuner windows through the real cache (see module docstring)."""
+
+    def __init__(
+        self,
+        config: HybridConfig,
+        geometry: ModelGeometry,
+        budget: Budget,
+        admission: Callable[[], AdmissionPolicy],
+        accounting: Callable[[ModelGeometry], Accounting],
+        objective: str = "flops",
+        anchors: bool = False,
+    ) -> None:
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        self.config = config
+        self.geometry = geometry
+        self.budget = budget
+        self.admission = admission
+        self.accounting = accounting
+        self.objective = objective
+        self.anchors = anchors
+        self._acct = accounting(geometry)
+        self.calls = 0
+
+    def __call__(self, window: Sequence[TunerRequest], alpha: float, eval_from: int) -> float:
+        self.calls += 1
+        total = 0.0
+        with Simulator(
+            self.config, self.geometry, self.budget,
+            eviction=MarconiEviction(alpha=alpha, accounting=self.accounting,
+                                     **build.marconi_options(self.config)),
+            admission=self.admission(), anchors=self.anchors,
+        ) as sim:
+            for i, req in enumerate(window):
+                res = sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :])
+                if i >= eval_from:
+                    total += self.score(res.hit)
+        return total
+
+    def score(self, hit: int) -> float:
+        """The objective of one request that hit ``hit`` tokens."""
+        if not hit:
+            return 0.0
+        return float(hit) if self.objective == "token_hits" else self._acct.hit_flops(hit)
+
+
+class CacheShadow:
+    """A persistent size-only twin cache for one ``Candidate`` (``ShadowTuner``'s shadow).
+
+    ``step`` serves one request like the live cache (lookup, then saves) and returns its
+    objective (see module docstring); nothing is shared with the live cache."""
+
+    def __init__(self, replayer: CacheReplayer, candidate: Candidate) -> None:
+        self._r = replayer
+        self.candidate = candidate
+        self.sim = Simulator(
+            replayer.config, replayer.geometry, replayer.budget,
+            eviction=MarconiEviction(
+                alpha=candidate.alpha, accounting=replayer.accounting,
+                refresh_path=candidate.refresh_path, score=candidate.score,
+                joint_pool=build.marconi_options(replayer.config)["joint_pool"]),
+            admission=replayer.admission(), anchors=replayer.anchors,
+        )
+        self._closed = False
+
+    def step(self, request: TunerRequest) -> float:
+        res = self.sim.step(request.tokens[: request.prompt_len], request.tokens[request.prompt_len :])
+        return self._r.score(res.hit)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.sim.close()
+
+
+def shadow_factory(replayer: CacheReplayer) -> ShadowFactory:
+    """Twins with ``replayer``'s config, budget, admission, accounting and objective."""
+    return lambda candidate: CacheShadow(replayer, candidate)
+
+
+def snapshot_budget(snapshot: Mapping[ObjectKind, int], headroom: float = 1.0) -> Budget:
+    """Per-kind budgets from the bytes a live cache held at its first eviction (each pool
+    was then about full); kinds holding nothing get the largest figure (not yet limited)."""
+    top = max(snapshot.values(), default=0)
+    return Budget.per_kind({k: int((v or top) * headroom) for k, v in snapshot.items()})
+
+
+def default_replayer_factory(
+    config: HybridConfig,
+    admission: Callable[[], AdmissionPolicy],
+    accounting: Callable[[ModelGeometry], Accounting],
+    objective: str,
+) -> Callable[[ModelGeometry, Mapping[ObjectKind, int]], CacheReplayer]:
+    """What ``policies.build`` gives a live cache's Marconi policy: a replayer over the
+    budget inferred at the first eviction (the policy is never told the store)."""
+
+    def make(geometry: ModelGeometry, snapshot: Mapping[ObjectKind, int]) -> CacheReplayer:
+        return CacheReplayer(config, geometry, snapshot_budget(snapshot), admission, accounting, objective)
+
+    return make
+
+
+def default_shadow_factory(
+    config: HybridConfig,
+    admission: Callable[[], AdmissionPolicy],
+    accounting: Callable[[ModelGeometry], Accounting],
+    objective: str,
+) -> Callable[[ModelGeometry, Mapping[ObjectKind, int]], ShadowFactory]:
+    """What ``policies.build`` gives a live cache's shadow tuner: twins over the budget
+    inferred at the first eviction."""
+    replayers = default_replayer_factory(config, admission, accounting, objective)
+    return lambda geometry, snapshot: shadow_factory(replayers(geometry, snapshot))

@@ -1,0 +1,1 @@
+"""The token radix tree and its records: what the index and the policies walk."""

@@ -1,0 +1,112 @@
+"""The radix tree's record types: ``Node``, ``ObjectRef``, ``MatchResult``, ``IntegrityError``.
+
+Split from ``radix`` (which re-exports them) so modules that only read nodes and refs do
+not depend on the tree's mutation logic. See ``hybrid_connector.tree.radix`` for what the
+fields mean and the invariants the tree keeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
+
+
+class IntegrityError(AssertionError):
+    """The tree's bookkeeping is inconsistent (a bug, never bad user input)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """A stored object as the index sees it: its key and its size in bytes."""
+
+    key: ObjectKey
+    nbytes: int
+
+    @property
+    def kind(self) -> ObjectKind:
+        return self.key.kind
+
+    @property
+    def start(self) -> int:
+        return self.key.start
+
+    @property
+    def end(self) -> int:
+        return self.key.end
+
+
+class Node:
+    """One radix node. Mutate only through ``RadixTree`` methods."""
+
+    __slots__ = (
+        "id", "parent", "children", "tokens", "depth", "kv", "state", "anchors",
+        "kv_lock", "kv_lock_own", "state_lock", "anchor_lock", "last_access", "hits",
+    )
+
+    def __init__(self, node_id: int, parent: Node | None, tokens: np.ndarray, depth: int) -> None:
+        self.id = node_id
+        self.parent = parent
+        self.children: dict[int, Node] = {}
+        self.tokens = tokens
+        self.depth = depth
+        self.kv: dict[int, ObjectRef] = {}
+        self.state: ObjectRef | None = None
+        self.anchors: dict[int, ObjectRef] = {}
+        self.kv_lock = 0
+        self.kv_lock_own = 0
+        self.state_lock = 0
+        self.anchor_lock = 0
+        self.last_access = 0.0
+        self.hits = 0
+
+    @property
+    def start(self) -> int:
+        """Token position where this node's edge begins."""
+        return self.depth - int(self.tokens.size)
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.state is None
+
+    def nbytes(self, kind: ObjectKind | None = None) -> int:
+        """Bytes of the objects on this node (of one kind, or all)."""
+        total = 0
+        if kind in (None, ObjectKind.KV):
+            total += sum(r.nbytes for r in self.kv.values())
+        if kind in (None, ObjectKind.STATE) and self.state is not None:
+            total += self.state.nbytes
+        if kind in (None, ObjectKind.ANCHOR):
+            total += sum(r.nbytes for r in self.anchors.values())
+        return total
+
+    def __repr__(self) -> str:
+        return (
+            f"Node(id={self.id}, [{self.start},{self.depth}), kv={len(self.kv)}, "
+            f"state={self.state is not None}, anchors={len(self.anchors)}, "
+            f"children={len(self.children)}, kv_lock={self.kv_lock})"
+        )
+
+
+class MatchResult(NamedTuple):
+    """Result of ``RadixTree.match``; computing it never mutates the tree.
+
+    ``length``: tokens matched. ``node``: deepest node whose whole edge matched (root if
+    none). ``path``: nodes root-exclusive down to ``node``. ``partial``: the node whose edge
+    the match stopped inside (``None`` when it stopped at a node boundary), and
+    ``branch_point``: the position where inserting the query would create a new
+    intermediate node (Marconi's speculative insertion), else ``None``.
+    """
+
+    length: int
+    node: Node
+    path: tuple[Node, ...]
+    partial: Node | None
+    branch_point: int | None

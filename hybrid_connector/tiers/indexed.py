@@ -20,8 +20,8 @@ import torch
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
 from hybrid_connector.tiers.tier import (
-    Entry,
     Tier,
+    TierRecord,
     TierStats,
     TierUnavailable,
     check_metas,
@@ -58,13 +58,13 @@ class IndexedTier(Tier):
             if v < 0:
                 raise ValueError(f"tier {name!r}: budget of {k.value} must be >= 0, got {v}")
         self._used = {k: 0 for k in ObjectKind}
-        self._lru: dict[ObjectKind, OrderedDict[ObjectKey, Entry]] = {
+        self._lru: dict[ObjectKind, OrderedDict[ObjectKey, TierRecord]] = {
             k: OrderedDict() for k in ObjectKind
         }
         self._lock = threading.RLock()
         self._stats = TierStats(name)
         # Entries removed or replaced while pinned, released at their last unpin.
-        self._zombies: dict[ObjectKey, list[Entry]] = {}
+        self._zombies: dict[ObjectKey, list[TierRecord]] = {}
         # Puts in progress per key (storage named by key must not be freed under them).
         self._inflight: Counter[ObjectKey] = Counter()
 
@@ -75,13 +75,13 @@ class IndexedTier(Tier):
         failure. Called without the index lock."""
 
     @abstractmethod
-    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+    def _load_into(self, entry: TierRecord, out: torch.Tensor) -> bool:
         """Read ``entry`` into ``out`` (validated dtype/shape). False when the object is
         gone or corrupt (the tier then forgets it); raise ``TierUnavailable`` when the read
         failed for a passing reason (the object stays indexed)."""
 
     @abstractmethod
-    def _release(self, entry: Entry) -> None:
+    def _release(self, entry: TierRecord) -> None:
         """Free ``entry``'s storage (it is already out of the index; the index lock is held).
         Storage named by key must check ``self._key_busy(key)``: a newer object may own it."""
 
@@ -89,7 +89,7 @@ class IndexedTier(Tier):
                          meta: ObjectMeta | None) -> object | None:
         """``_store`` for a put carrying ``meta``. A tier that persists metadata with the
         bytes overrides this (and its ``_store`` calls it with None); by default the
-        metadata lives in the ``Entry`` only."""
+        metadata lives in the ``TierRecord`` only."""
         return self._store(key, payload, token)
 
     def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:
@@ -118,7 +118,7 @@ class IndexedTier(Tier):
         with self._lock:
             return self._used[kind]
 
-    def _entry(self, key: ObjectKey) -> Entry | None:
+    def _entry(self, key: ObjectKey) -> TierRecord | None:
         e = self._lru[key.kind].get(key)
         return None if e is None or e.doomed else e
 
@@ -196,7 +196,7 @@ class IndexedTier(Tier):
                 self._unreserve(key, n, p.token)
                 self._stats.put_failures += 1
                 return
-            entry = Entry(key, n, tuple(p.payload.shape), p.payload.dtype, handle, meta=p.meta)
+            entry = TierRecord(key, n, tuple(p.payload.shape), p.payload.dtype, handle, meta=p.meta)
             old = self._lru[key.kind].pop(key, None)
             self._lru[key.kind][key] = entry
             self._stats.puts += 1
@@ -204,7 +204,7 @@ class IndexedTier(Tier):
             if old is not None:
                 self._drop_entry(old)
 
-    def _drop_entry(self, e: Entry) -> None:
+    def _drop_entry(self, e: TierRecord) -> None:
         """Account ``e`` as gone (index already updated); free now unless pinned."""
         if e.doomed:
             return
@@ -216,7 +216,7 @@ class IndexedTier(Tier):
             # Keep a handle so the last unpin can release it.
             self._zombies.setdefault(e.key, []).append(e)
 
-    def _release_quiet(self, e: Entry) -> None:
+    def _release_quiet(self, e: TierRecord) -> None:
         try:
             self._release(e)
         except OSError:
@@ -254,7 +254,7 @@ class IndexedTier(Tier):
             self._end_get(e, ok, transient)
         return ok
 
-    def _begin_get(self, key: ObjectKey, out: torch.Tensor) -> Entry | None:
+    def _begin_get(self, key: ObjectKey, out: torch.Tensor) -> TierRecord | None:
         """Pin ``key``'s entry for a read into ``out`` and mark it used (None: a miss or a
         mismatched buffer, already counted). A pinned entry must reach ``_end_get``."""
         with self._lock:
@@ -269,7 +269,7 @@ class IndexedTier(Tier):
             self._lru[key.kind].move_to_end(key)
         return e
 
-    def _end_get(self, e: Entry, ok: bool, transient: bool) -> None:
+    def _end_get(self, e: TierRecord, ok: bool, transient: bool) -> None:
         """Unpin after a read; a failed read that was not ``transient`` forgets the object."""
         with self._lock:
             self._unpin_entry(e)
@@ -281,7 +281,7 @@ class IndexedTier(Tier):
                 if not transient:
                     self._forget_corrupt(e)
 
-    def _forget_corrupt(self, e: Entry) -> None:
+    def _forget_corrupt(self, e: TierRecord) -> None:
         """A read failed: forget the object so it is never served again (under lock)."""
         cur = self._lru[e.key.kind].get(e.key)
         if cur is e:
@@ -303,7 +303,7 @@ class IndexedTier(Tier):
                 if zs:
                     self._unpin_entry(zs[0])
 
-    def _unpin_entry(self, e: Entry) -> None:
+    def _unpin_entry(self, e: TierRecord) -> None:
         e.pins = max(0, e.pins - 1)
         if e.doomed and e.pins == 0:
             zs = self._zombies.get(e.key, [])

@@ -38,10 +38,10 @@ from hybrid_connector.tiers.ledger_types import (
     kind_limits,
     pool_totals,
 )
-from hybrid_connector.tiers.ledger_value import TierValue
+from hybrid_connector.tiers.ledger_value import ValueFn
 from hybrid_connector.tiers.ops import Op, Put, Remove, Take
 
-__all__ = ["Entry", "Ledger", "Merits", "Placement", "TierSpec", "TierValue"]
+__all__ = ["Entry", "Ledger", "Merits", "Placement", "TierSpec", "ValueFn"]
 
 Merits = Callable[[ObjectKey], bool]
 
@@ -50,7 +50,7 @@ class Ledger(Room):
     """Budgets and locations of every object; see the module docstring."""
 
     def __init__(self, specs: Sequence[TierSpec], merits: Merits | None = None,
-                 value: TierValue | None = None, value_window: int = 0) -> None:
+                 value: ValueFn | None = None, value_window: int = 0) -> None:
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"tier names must be unique, got {names}")

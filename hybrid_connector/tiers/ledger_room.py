@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.ledger_types import Entry, TierUsage
-from hybrid_connector.tiers.ledger_value import TierValue, lowest_value, worth_keeping
+from hybrid_connector.tiers.ledger_value import ValueFn, lowest_value, worth_keeping
 from hybrid_connector.tiers.ops import Move, Op, Remove
 
 
@@ -19,7 +19,7 @@ class Room:
     _shared: TierUsage | None
     entries: dict[ObjectKey, Entry]
     merits: Callable[[ObjectKey], bool] | None
-    value: TierValue | None
+    value: ValueFn | None
     value_window: int
     clock: int
     drops_with_room: int  # evictions dropped while a tier below could take them

@@ -1,7 +1,8 @@
 """Value-ranked eviction across tiers for the ledger (``tier_eviction: value``).
 
 The ledger stays metadata-only and engine-neutral: what an object is worth comes from an
-injected ``TierValue`` (the index's ``hybrid_connector.policies.eviction.tier_value``), asked with
+injected ``ValueFn`` (implemented by the policy ``hybrid_connector.policies.eviction.tier_value.TierValue``,
+handed over by the index's store hooks), asked with
 what the ledger itself tracks of the object: its size, the tier in question, how many
 times it was used (``Entry.hits``, one per ``touch``) and how long ago (``age``: ledger
 clock ticks since it was placed, last touched or moved down into its tier, the recency of
@@ -34,18 +35,20 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.ledger_types import Entry, TierUsage
 
 
-class TierValue(Protocol):
-    """Value per byte of ``key`` served from ``tier`` (see the module docstring)."""
+class ValueFn(Protocol):
+    """What the ledger asks of an object's worth: the value per byte of ``key`` served from
+    ``tier`` (see the module docstring). The ledger's side of the contract only; the
+    policy that computes it is ``hybrid_connector.policies.eviction.tier_value.TierValue``."""
 
     def __call__(self, key: ObjectKey, nbytes: int, tier: str, hits: int,
                  age: int) -> float | None: ...
 
 
-def value_of(fn: TierValue, e: Entry, tier: str, clock: int) -> float | None:
+def value_of(fn: ValueFn, e: Entry, tier: str, clock: int) -> float | None:
     return fn(e.key, e.nbytes, tier, e.hits, max(0, clock - e.last))
 
 
-def loss(fn: TierValue, e: Entry, tier: str, below: str | None, clock: int) -> float | None:
+def loss(fn: ValueFn, e: Entry, tier: str, below: str | None, clock: int) -> float | None:
     """Value per byte lost when ``e`` leaves ``tier``: its value there minus what it keeps
     one tier ``below`` (when positive there; None: the bottom)."""
     here = value_of(fn, e, tier, clock)
@@ -56,7 +59,7 @@ def loss(fn: TierValue, e: Entry, tier: str, below: str | None, clock: int) -> f
 
 
 def lowest_value(t: TierUsage, entries: Mapping[ObjectKey, Entry], pool: str | None,
-                 exclude: set[ObjectKey], fn: TierValue, clock: int, window: int,
+                 exclude: set[ObjectKey], fn: ValueFn, clock: int, window: int,
                  local: Sequence[TierUsage] = ()) -> ObjectKey | None:
     """The victim of ``t``'s ``pool``: the least value lost (``loss``, below: the next of
     the ``local`` tiers with a pool of the kind) among the first ``window`` eligible keys
@@ -83,7 +86,7 @@ def lowest_value(t: TierUsage, entries: Mapping[ObjectKey, Entry], pool: str | N
     return best
 
 
-def worth_keeping(fn: TierValue | None, window: int, e: Entry, tier: str, clock: int) -> bool:
+def worth_keeping(fn: ValueFn | None, window: int, e: Entry, tier: str, clock: int) -> bool:
     """Whether ``e`` is worth a copy in ``tier``: always without a value function or
     with window 0 (LRU); else when its value there is positive (or unknown)."""
     if fn is None or not window:

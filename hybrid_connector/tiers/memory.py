@@ -11,7 +11,7 @@ import torch
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.indexed import IndexedTier
 from hybrid_connector.tiers.manager import TierManager
-from hybrid_connector.tiers.tier import Entry, copy_into
+from hybrid_connector.tiers.tier import TierRecord, copy_into
 
 
 class MemoryTier(IndexedTier):
@@ -20,12 +20,12 @@ class MemoryTier(IndexedTier):
     def _store(self, key: ObjectKey, payload: torch.Tensor, token: object) -> object | None:
         return payload.detach().to("cpu", copy=True).contiguous()
 
-    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+    def _load_into(self, entry: TierRecord, out: torch.Tensor) -> bool:
         assert isinstance(entry.handle, torch.Tensor)
         copy_into(out, entry.handle)
         return True
 
-    def _release(self, entry: Entry) -> None:
+    def _release(self, entry: TierRecord) -> None:
         entry.handle = None
 
 

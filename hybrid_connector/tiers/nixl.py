@@ -22,7 +22,7 @@ from hybrid_connector.core.meta import ObjectMeta
 from hybrid_connector.tiers import codec
 from hybrid_connector.tiers.fileio import write_all as _write_all
 from hybrid_connector.tiers.nvme import NvmeTier
-from hybrid_connector.tiers.tier import Entry
+from hybrid_connector.tiers.tier import TierRecord
 
 
 def _import_nixl() -> Any:
@@ -107,7 +107,7 @@ class NixlNvmeTier(NvmeTier):
             self._unlink(tmp)
             return None
 
-    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+    def _load_into(self, entry: TierRecord, out: torch.Tensor) -> bool:
         if out.device.type != "cpu":
             return super()._load_into(entry, out)
         try:

@@ -61,7 +61,7 @@ from hybrid_connector.tiers.fileio import write_file as _write_file
 from hybrid_connector.tiers.group_commit import IoPool, alloc_and_get, get_batch, put_batch
 from hybrid_connector.tiers.indexed import IndexedTier
 from hybrid_connector.tiers.logonce import LogOnce
-from hybrid_connector.tiers.tier import Entry, byte_view, check_metas
+from hybrid_connector.tiers.tier import TierRecord, byte_view, check_metas
 
 log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -139,7 +139,7 @@ class NvmeTier(IndexedTier):
 
     # ------------------------------------------------------------------ start
     def _rebuild(self, verify: bool) -> None:
-        found: list[tuple[float, Entry]] = []
+        found: list[tuple[float, TierRecord]] = []
         paths = list(self.path.iterdir())
         tombs = {m.group(1): p for p in paths if (m := _TOMB_RE.match(p.name))}
         for p in paths:
@@ -161,7 +161,7 @@ class NvmeTier(IndexedTier):
         # Newest first, so a shrunk budget keeps the most recent files; then insert oldest
         # first so the LRU order follows the files' ages.
         found.sort(key=lambda x: x[0], reverse=True)
-        kept: list[Entry] = []
+        kept: list[TierRecord] = []
         for _, e in found:
             k = e.key.kind
             if self._used[k] + e.nbytes > self._budget[k]:
@@ -178,7 +178,7 @@ class NvmeTier(IndexedTier):
             log.warning("nvme tier %s: dropped %d files at start", self.name,
                         len(self.dropped_at_start))
 
-    def _scan(self, p: Path, verify: bool) -> tuple[float, Entry]:
+    def _scan(self, p: Path, verify: bool) -> tuple[float, TierRecord]:
         """(mtime, entry) of the object file ``p``; OSError or CorruptObject if it is not
         a regular file holding a valid object under its own name."""
         fd, st = _open_regular(p)
@@ -208,7 +208,7 @@ class NvmeTier(IndexedTier):
             raise codec.CorruptObject(str(exc)) from exc
         finally:
             os.close(fd)
-        return st.st_mtime, Entry(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p),
+        return st.st_mtime, TierRecord(key, h.nbytes, h.shape, h.torch_dtype, handle=str(p),
                                   meta=meta)
 
     @staticmethod
@@ -357,7 +357,7 @@ class NvmeTier(IndexedTier):
         finally:
             os.close(dfd)
 
-    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+    def _load_into(self, entry: TierRecord, out: torch.Tensor) -> bool:
         path = str(entry.handle)
         try:
             fd, st = _open_regular(path)
@@ -392,7 +392,7 @@ class NvmeTier(IndexedTier):
         finally:
             os.close(fd)
 
-    def _release(self, entry: Entry) -> None:
+    def _release(self, entry: TierRecord) -> None:
         # The file is named by key only: never delete it under a newer object or a put
         # of the same key that is about to register. No handle: ``remove`` retired it.
         if entry.handle is not None and not self._key_busy(entry.key):

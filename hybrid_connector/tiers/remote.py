@@ -66,7 +66,7 @@ from hybrid_connector.tiers.remote_clients import (
 from hybrid_connector.tiers.remote_cluster import CHUNK_SIZE, make_client
 from hybrid_connector.tiers.remote_guard import Guard
 from hybrid_connector.tiers.remote_manifests import REFUSED, ManifestAccess
-from hybrid_connector.tiers.tier import Entry, TierUnavailable, nbytes_of
+from hybrid_connector.tiers.tier import TierRecord, TierUnavailable, nbytes_of
 
 __all__ = ["LmClient", "RedisClient", "RemoteClient", "RemoteError", "RemoteTier",
            "ReplyTooLarge", "ShardUnavailable", "make_client"]
@@ -357,7 +357,7 @@ class RemoteTier(ManifestAccess, IndexedTier):
             self._quarantine.pop(key, None)
         return name
 
-    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+    def _load_into(self, entry: TierRecord, out: torch.Tensor) -> bool:
         # The most a valid blob of this object can take: a longer reply is refused unread.
         bound = codec.max_blob_len(entry.nbytes)
         ok, blob = self._guard("get", lambda: self.client.get(str(entry.handle), bound))
@@ -376,7 +376,7 @@ class RemoteTier(ManifestAccess, IndexedTier):
             log.warning("remote tier %s: cannot load %s: %s", self.name, entry.handle, exc)
             raise TierUnavailable(self.url) from exc
 
-    def _release(self, entry: Entry) -> None:
+    def _release(self, entry: TierRecord) -> None:
         """Nothing to free: a shared object is never deleted from the server."""
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ import torch
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.indexed import IndexedTier
 from hybrid_connector.tiers.prefault import Prefault
-from hybrid_connector.tiers.tier import Entry, copy_into, nbytes_of
+from hybrid_connector.tiers.tier import TierRecord, copy_into, nbytes_of
 
 ALIGN = 64  # bytes; keeps every dtype view aligned and copies cache-line friendly
 PAGES_PER_POOL = 4096
@@ -164,7 +164,7 @@ class SlabTier(IndexedTier):
             pos += ln
         return token
 
-    def _load_into(self, entry: Entry, out: torch.Tensor) -> bool:
+    def _load_into(self, entry: TierRecord, out: torch.Tensor) -> bool:
         runs = entry.handle
         assert isinstance(runs, tuple)
         if not entry.nbytes:
@@ -182,7 +182,7 @@ class SlabTier(IndexedTier):
             pos += ln
         return True
 
-    def _release(self, entry: Entry) -> None:
+    def _release(self, entry: TierRecord) -> None:
         assert isinstance(entry.handle, tuple)
         self._pools[entry.key.kind].free(entry.handle)
 

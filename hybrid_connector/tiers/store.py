@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.ledger_value import TierValue
+from hybrid_connector.tiers.ledger_value import ValueFn
 
 DropListener = Callable[[Sequence[ObjectKey]], None]
 DemotionFilter = Callable[[ObjectKey], bool]
@@ -46,7 +46,7 @@ class StoreHooks:
     on_drop: DropListener | None = None
     merits_demotion: DemotionFilter | None = None
     companions: CompanionFn | None = None
-    tier_value: TierValue | None = None
+    tier_value: ValueFn | None = None
 
 
 class ObjectStore(ABC):

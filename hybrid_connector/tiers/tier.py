@@ -109,8 +109,9 @@ class TierUnavailable(Exception):
 
 
 @dataclass(slots=True)
-class Entry:
-    """What a tier knows about one stored object."""
+class TierRecord:
+    """What a tier knows about one stored object (the tier's record; the ledger's record of
+    the same object is ``hybrid_connector.tiers.ledger_types.Entry``)."""
 
     key: ObjectKey
     nbytes: int

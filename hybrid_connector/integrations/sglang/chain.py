@@ -186,7 +186,7 @@ class PageChain:
 
 
 class ChainValue:
-    """The ``tier_value`` hook (``hybrid_connector.tiers.ledger_value.TierValue``) for SGLang's keys of one
+    """The ``tier_value`` hook (``hybrid_connector.tiers.ledger_value.ValueFn``) for SGLang's keys of one
     rank (``fingerprints``), per the module docstring. Pure: reads the chain, never
     mutates; takes no lock but the chain's dictionary reads."""
 

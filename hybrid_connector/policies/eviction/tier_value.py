@@ -1,7 +1,8 @@
 """What an object is worth in each tier: ``tier_eviction: value`` (Policies v2).
 
-Contract (``TierValue.__call__``, injected into the ledger as ``hybrid_connector.tiers.ledger_value.TierValue``
-through the index's store hooks; the tiers never import this module)::
+Contract (``TierValue.__call__``, injected into the ledger as its
+``hybrid_connector.tiers.ledger_value.ValueFn`` through the index's store hooks; the tiers never
+import this module)::
 
     value(key, nbytes, tier, hits, age)
         = likelihood(hits, age) * (recompute_s(key) - nbytes / read_bps[tier]) / nbytes

@@ -5,7 +5,10 @@ repository, and ``hybrid-connector --help`` is written for users."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib.util
+import io
 import os
 import re
 import shutil
@@ -101,11 +104,49 @@ def test_no_reference_leaves_the_repository() -> None:
         assert "../shared" not in text and "DESIGN.md" not in text, page
 
 
+# What a user's help must not show: how commands register, issue numbers, code paths,
+# reST markup, issue targets.
+INTERNAL = re.compile(r"parser hook|\bCOMMANDS\b|func=|(?i:\bissue\b|\btargets?\b)|"
+                      r"hybrid_connector\.|``|\bMET\b|MISSED|DESIGN")
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """Every (nested) subcommand's parser by its program name, e.g. 'hybrid-connector bench
+    capacity'."""
+    found: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found[child.prog] = child
+                found.update(subcommands(child))
+    return found
+
+
 def test_cli_help_is_for_users(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     out = capsys.readouterr().out
-    assert "parser hook" not in out and "COMMANDS" not in out and "func=run" not in out
+    assert not INTERNAL.search(out), INTERNAL.search(out)
     assert "examples:" in out and "hybrid-connector bench capacity" in out
     names = re.findall(r"^    (\S+) +\S", out, re.M)
     assert len(names) == len(COMMANDS), out  # one line, with its help, per subcommand
+
+
+def test_every_subcommands_help_says_what_it_does_with_an_example() -> None:
+    """Each subcommand's ``--help`` (nested ones included) has a description, an examples
+    section whose lines run that very command, and no internal notes."""
+    commands = subcommands(build_parser())
+    assert len(commands) >= len(COMMANDS) + 1  # bench capacity below bench
+    for prog, parser in commands.items():
+        text = parser.format_help()
+        assert parser.description, prog
+        assert not INTERNAL.search(text), (prog, INTERNAL.search(text))
+        _, sep, examples = text.partition("\nexamples:\n")
+        assert sep, f"{prog} --help has no examples section"
+        runs = [line.split("#")[0].split() for line in examples.splitlines()
+                if line.startswith("  hybrid-connector ")]
+        assert runs, f"{prog} --help shows no example command"
+        assert any(" ".join(run).startswith(prog) for run in runs), (prog, runs)
+        for run in runs:  # each example parses (nothing is run)
+            with contextlib.redirect_stderr(io.StringIO()):
+                build_parser().parse_args(run[1:])

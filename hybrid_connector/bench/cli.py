@@ -21,17 +21,34 @@ from hybrid_connector.bench.schema import load_capacity_config
 DEFAULT_OUT = Path("benchmarks") / "results"
 
 
+BENCH_HELP = "Run a benchmark on this machine and write its results (JSON and a plot)."
+CAPACITY_HELP = """\
+Sweep the working set from below to far beyond the device tier's budget on real tiers
+(device, host RAM, NVMe files) and compare this cache with device-only LRU and the peer
+policies: token hit rate and modeled throughput per workload. Prints a table per workload
+and where capacity.json and capacity.png went. Takes minutes on a CPU."""
+EXAMPLES = """\
+examples:
+  hybrid-connector bench capacity
+  hybrid-connector bench capacity --out /tmp/results --work /mnt/nvme/scratch
+  hybrid-connector bench capacity --config configs/capacity-cpu.yaml --model nemotron-h-8b"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("bench", help="benchmarks (capacity: working set beyond the device tier)")
-    bsub = p.add_subparsers(dest="bench", required=True)
-    c = bsub.add_parser("capacity", help="working set / device budget sweep on real tiers")
+    p = sub.add_parser("bench", help="benchmarks (capacity: working set beyond the device tier)",
+                       description=BENCH_HELP, epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK", title="benchmarks")
+    c = bsub.add_parser("capacity", help="working set / device budget sweep on real tiers",
+                        description=CAPACITY_HELP, epilog=EXAMPLES,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--config", help="YAML with a 'capacity:' section (default: the embedded "
                                     "default, configs/capacity-cpu.yaml)")
     c.add_argument("--out", help=f"directory for capacity.json / capacity.png (default {DEFAULT_OUT})")
     c.add_argument("--work", help="directory for the NVMe tier's files (default: system temp)")
     c.add_argument("--compute", choices=("modeled", "real"), help="override the config's compute mode")
     c.add_argument("--model", help="geometry preset sizing the objects (default qwen3.5-4b)")
-    c.add_argument("--no-progress", action="store_true")
+    c.add_argument("--no-progress", action="store_true", help="no live progress bar")
     c.set_defaults(func=run)
 
 

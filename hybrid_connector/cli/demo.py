@@ -111,13 +111,28 @@ def _positive(text: str) -> int:
     return n
 
 
+DEMO_HELP = """\
+Run a generated multi-turn chat through the cache on this machine's CPU: each turn looks
+its prompt up, loads what hits (checked byte for byte) and saves the rest. Prints the
+token and request hit rates, what is stored per kind and how objects moved between tiers.
+Exit 1 if a load ever differs from what was saved."""
+
+DEMO_EXAMPLES = """\
+examples:
+  hybrid-connector demo
+  hybrid-connector demo --sessions 8 --turns 10 --host-size 512MiB
+  hybrid-connector demo --disk /tmp/hc-nvme --disk-size 4GiB   # add an NVMe tier"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="CPU demo: lookup/save cycle on a generated multi-turn trace")
+    p = sub.add_parser("demo", help="CPU demo: lookup/save cycle on a generated multi-turn trace",
+                       description=DEMO_HELP, epilog=DEMO_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (default: built-in demo settings)")
     p.add_argument("--model", default="qwen3.5-0.8b", help="model preset or geometry YAML for object sizes")
-    p.add_argument("--sessions", type=_positive, default=24)
-    p.add_argument("--turns", type=_positive, default=6)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sessions", type=_positive, default=24, help="conversations (default 24)")
+    p.add_argument("--turns", type=_positive, default=6, help="turns per conversation (default 6)")
+    p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
     p.add_argument("--host-size", default="2GiB", help="host pool total (split 60/30/10 KV/state/anchor)")
     p.add_argument("--disk", help="directory for an NVMe tier below host memory")
     p.add_argument("--disk-size", default="8GiB", help="NVMe tier total (with --disk)")

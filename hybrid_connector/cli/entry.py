@@ -1,4 +1,4 @@
-"""``hybrid-connector`` command: demo, inspect, simulate, gen-trace, server, ping.
+"""``hybrid-connector`` command: demo, inspect, simulate, gen-trace, server, ping, bench.
 
 Each subcommand lives in its own module exposing a parser hook ``hook(subparsers)`` that
 registers it with ``func=run``. ``COMMANDS`` lists only modules that exist (the server and

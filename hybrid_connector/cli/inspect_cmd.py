@@ -95,8 +95,23 @@ def server_report(stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+INSPECT_HELP = """\
+See what a config means for a model before serving: KV bytes per token, one state
+checkpoint, the block size vLLM's align mode would force, each tier's pool budgets and how
+many objects of each kind they hold. With --server: what a running cache server holds (by
+model, tier and kind) and its hit rates."""
+
+INSPECT_EXAMPLES = """\
+examples:
+  hybrid-connector inspect --config configs/vllm.yaml --model qwen3.5-4b
+  hybrid-connector inspect --model nemotron-h-8b --tp 2
+  hybrid-connector inspect --server hc://127.0.0.1:65432"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("inspect", help="object sizes, vLLM block size and pool capacities of a config")
+    p = sub.add_parser("inspect", help="object sizes, vLLM block size and pool capacities of a config",
+                       description=INSPECT_HELP, epilog=INSPECT_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (default: HYBRID_CONNECTOR_CONFIG or defaults)")
     p.add_argument("--model", default=None,
                    help=f"preset ({', '.join(PRESETS)}) or geometry YAML (default: config.model or qwen3.5-4b)")

@@ -84,8 +84,29 @@ def config_of(args: argparse.Namespace) -> HybridConfig:
     return load_config(args.config, {**over, **scaled_pools(args.config, over)})
 
 
+SERVER_HELP = """\
+Run a cache server that several engines (vLLM, SGLang, transformers) share over hc://; it
+also speaks lmcache_server's lm:// protocol. Flags override the YAML; a size flag scales
+that tier's pools, each kind keeping its share. Prefer HYBRID_CONNECTOR_SERVER__TOKEN to
+--token so the secret stays off the command line."""
+
+SERVER_EXAMPLES = """\
+examples:
+  hybrid-connector server --config configs/server.yaml
+  hybrid-connector server --config configs/server.yaml --port 7000 --http-port 9100
+  hybrid-connector server --host-size 16GB --disk /mnt/nvme/hc --disk-size 200GB"""
+
+PING_HELP = "Check that a cache server answers and print the round trip time (exit 1 if not)."
+PING_EXAMPLES = """\
+examples:
+  hybrid-connector ping hc://127.0.0.1:65432
+  hybrid-connector ping hc://cache-host:7000 --token "$TOKEN" --timeout 2"""
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("server", help="run a cache server (lm:// compatible) for several engines")
+    p = sub.add_parser("server", help="run a cache server (lm:// compatible) for several engines",
+                       description=SERVER_HELP, epilog=SERVER_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (tiers, policies, the server section)")
     for flag, _, text in FLAGS:
         p.add_argument(flag, help=text, type=int if flag in INT_FLAGS else str, default=None)
@@ -93,10 +114,12 @@ def add_parser(sub: Any) -> None:
 
 
 def add_ping_parser(sub: Any) -> None:
-    p = sub.add_parser("ping", help="check that a cache server answers (HEALTH round trip)")
+    p = sub.add_parser("ping", help="check that a cache server answers (HEALTH round trip)",
+                       description=PING_HELP, epilog=PING_EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("url", help="hc://host:port")
-    p.add_argument("--token", default=None)
-    p.add_argument("--timeout", type=float, default=5.0)
+    p.add_argument("--token", default=None, help="the server's token, if it requires one")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait (default 5)")
     p.set_defaults(func=run_ping)
 
 

@@ -37,8 +37,33 @@ GEN_SIZES = {
 SCALED = ("chat_edits", "agentic_branch", "multiround_qa", "mooncake")  # take ``scale``
 
 
+SIMULATE_HELP = """\
+Replay a JSONL trace through the cache's policies (sizes only, no bytes) and print one
+row per policy set: token and request hit rate, FLOPs saved, modeled time to first token.
+With --baselines, vLLM, SGLang, LMCache and Marconi's policies run at the same budget."""
+
+SIMULATE_EXAMPLES = """\
+examples:
+  hybrid-connector gen-trace agentic --out t.jsonl
+  hybrid-connector simulate --trace t.jsonl --baselines
+  hybrid-connector simulate --trace t.jsonl --config configs/vllm.yaml --size 8GiB --json rows.json"""
+
+GEN_HELP = """\
+Write a synthetic multi-turn trace as JSONL (session_id, turn_id, ts, input_tokens,
+output_tokens), the input of 'hybrid-connector simulate' and the benchmarks. KIND picks the
+workload; chat_edits, agentic_branch, multiround_qa and mooncake hold >= 1,000 requests."""
+
+GEN_EXAMPLES = """\
+examples:
+  hybrid-connector gen-trace chat --out chat.jsonl --sessions 16 --stats
+  hybrid-connector gen-trace chat_edits --out edits.jsonl --scale 8
+  hybrid-connector gen-trace mooncake --mooncake mooncake_trace.jsonl --out mc.jsonl"""
+
+
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("simulate", help="replay a JSONL trace through the cache's policies")
+    p = subparsers.add_parser("simulate", help="replay a JSONL trace through the cache's policies",
+                              description=SIMULATE_HELP, epilog=SIMULATE_EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", required=True, help="JSONL trace (session_id, turn_id, ts, input_tokens, output_tokens)")
     p.add_argument("--config", default=None, help="hybrid-connector YAML config (policies, alpha, placement, ...)")
     p.add_argument("--model", default=None, help="model preset or geometry YAML for byte/FLOP sizes (default: config.model or marconi-7b)")
@@ -50,10 +75,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def add_gen_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("gen-trace", help="write a synthetic JSONL trace")
-    p.add_argument("kind", choices=sorted(GEN_SIZES))
-    p.add_argument("--out", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p = subparsers.add_parser("gen-trace", help="write a synthetic JSONL trace",
+                              description=GEN_HELP, epilog=GEN_EXAMPLES,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", choices=sorted(GEN_SIZES), metavar="KIND",
+                   help=f"workload: {', '.join(sorted(GEN_SIZES))}")
+    p.add_argument("--out", required=True, help="JSONL file to write")
+    p.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     p.add_argument("--sessions", type=int, default=None, help="sessions / documents / prompt families")
     p.add_argument("--turns", type=int, default=None, help="turns per session / questions / queries")
     p.add_argument("--scale", type=int, default=1, help=f"divide every length by this ({', '.join(SCALED)})")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -51,8 +52,14 @@ def top_levels(paths: list[str]) -> set[str]:
 
 
 def test_the_wheel_installs_beside_hugging_faces_kernels(tmp_path: Path) -> None:
-    wheels, venv = tmp_path / "wheels", tmp_path / "venv"
-    built = pip("wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
+    wheels, venv, src = tmp_path / "wheels", tmp_path / "venv", tmp_path / "src"
+    # Built from a copy of what the wheel holds: setuptools builds in-tree (build/, *.egg-info),
+    # and a stale build/lib in the checkout would put modules that no longer exist in the wheel.
+    shutil.copytree(ROOT / "hybrid_connector", src / "hybrid_connector",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    built = pip("wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
                 cwd=tmp_path)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     (wheel,) = wheels.glob("hybrid_connector-*.whl")

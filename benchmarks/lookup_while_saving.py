@@ -38,7 +38,7 @@ from hybrid_connector.geometry.model import ModelGeometry  # noqa: E402
 from hybrid_connector.geometry.presets import get_preset  # noqa: E402
 from hybrid_connector.index.plan import SaveItem  # noqa: E402
 from hybrid_connector.tiers.host import HostTier  # noqa: E402
-from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.manager import TieredStore  # noqa: E402
 from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
 from hybrid_connector.tiers.remote import RemoteTier  # noqa: E402
 
@@ -106,7 +106,7 @@ def run(inline: bool, delay: float, lookups: int, saves: int, url: str, root: Pa
     tiers = [HostTier(kinds), NvmeTier(root, {ObjectKind.KV: 2**30, ObjectKind.STATE: 8 * sb},
                                        fsync=True),
              RemoteTier(url, {ObjectKind.KV: 2**30, ObjectKind.STATE: 2**34}, timeout=30.0)]
-    cache = assemble.cache(cfg, geo, TierManager(tiers, inline=inline))
+    cache = assemble.cache(cfg, geo, TieredStore(tiers, inline=inline))
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 150_000, 32768).astype(np.int64)
     for s in range(0, prompt.size, CHUNK):

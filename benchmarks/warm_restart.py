@@ -37,7 +37,7 @@ from hybrid_connector.core.config import load_config  # noqa: E402
 from hybrid_connector.core.keys import ObjectKind  # noqa: E402
 from hybrid_connector.geometry.model import ModelGeometry  # noqa: E402
 from hybrid_connector.runtime.session import RequestSession  # noqa: E402
-from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.manager import TieredStore  # noqa: E402
 from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
 
 GEO = ModelGeometry.from_dict({
@@ -50,8 +50,8 @@ GEO = ModelGeometry.from_dict({
 BIG = {k: 1 << 40 for k in ObjectKind}
 
 
-def store(path: Path) -> TierManager:
-    return TierManager([NvmeTier(path, BIG, fsync=False)])
+def store(path: Path) -> TieredStore:
+    return TieredStore([NvmeTier(path, BIG, fsync=False)])
 
 
 def fill(path: Path, n_objects: int) -> tuple[list[np.ndarray], int]:

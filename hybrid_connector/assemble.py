@@ -5,7 +5,7 @@ policies, the policies receive the alpha tuner's replayer.
 
 * ``policies(config)``: eviction (with the simulator's replayer for ``alpha: auto``) and
   admission.
-* ``store(config)``: the tiered store the config describes (``TierManager``).
+* ``store(config)``: the ``ObjectStore`` the config's tiers make (a ``TieredStore``).
 * ``cache(config, geometry)``: an embedded ``HybridCache`` (index + this process's bytes).
 * ``engine_cache(config, geometry)``: what an engine integration uses: the embedded cache,
   or a ``ServerCache`` when the config names a ``cache_server`` (server mode by
@@ -28,7 +28,8 @@ from hybrid_connector.remote.client.server_cache import ServerCache
 from hybrid_connector.runtime.cache import HybridCache
 from hybrid_connector.sim.trace_replay import default_replayer_factory, default_shadow_factory
 from hybrid_connector.tiers.backend import Backend
-from hybrid_connector.tiers.manager import TierManager, build_store
+from hybrid_connector.tiers.manager import build_store
+from hybrid_connector.tiers.store import ObjectStore
 
 
 def policies(config: HybridConfig, eviction: EvictionPolicy | None = None,
@@ -39,7 +40,7 @@ def policies(config: HybridConfig, eviction: EvictionPolicy | None = None,
                     admission or build.admission(config))
 
 
-def store(config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
+def store(config: HybridConfig, device: torch.device | str | None = None) -> ObjectStore:
     """The tiers the config describes (device, host, NVMe, remote), in this process."""
     return build_store(config, device=device)
 

@@ -4,7 +4,7 @@ each tier, and a suffix-replay hit (the GPU proof of issue 28).
 A random-weight model of a preset's real geometry (Qwen3.5-0.8B; ``--preset``), bf16. For
 each prompt length L (8K and 32K) the prompts share a prefix of P = L - S tokens (S =
 ``--suffix``). For each tier (device HBM, pinned host memory, NVMe), alone in a
-``TierManager`` of the project's own tiers, request A (P + a) saves the KV chunks, request B
+``TieredStore`` of the project's own tiers, request A (P + a) saves the KV chunks, request B
 (P + b) saves the checkpoint at the branch point P, and the hits (P + c) are timed:
 
 * ``sync``: ``HFRuntime.prefill`` as shipped (read every object, restore, run the suffix);
@@ -65,7 +65,7 @@ from hybrid_connector.runtime.suffix_replay import ReplayGate, ReplayQuality  # 
 from hybrid_connector.tiers.copy_engine import CopyEngine  # noqa: E402
 from hybrid_connector.tiers.device import DeviceTier  # noqa: E402
 from hybrid_connector.tiers.host import HostTier  # noqa: E402
-from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.manager import TieredStore  # noqa: E402
 from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
 
 
@@ -106,7 +106,7 @@ class Bench:
     def config(self, **over: Any) -> Any:
         return load_config(overrides={"chunk_size": self.args.chunk_size, **over}, environ={})
 
-    def store(self, tier: str, length: int) -> TierManager:
+    def store(self, tier: str, length: int) -> TieredStore:
         # Room for everything the case stores (the prefix, every request's suffix, a dozen
         # checkpoints, the replay case's anchors) with a 2x margin: no eviction mid-case.
         g = geometry_for(self.model)
@@ -119,7 +119,7 @@ class Bench:
             tiers = [HostTier(budgets)]
         else:
             tiers = [NvmeTier(self.tmp / f"L{length}", budgets, fsync=False)]
-        return TierManager(tiers, load_device=self.dev, copy_device=self.dev)
+        return TieredStore(tiers, load_device=self.dev, copy_device=self.dev)
 
     @torch.no_grad()
     def reference(self, prefix: list[int], prompt: list[int]) -> dict[str, Any]:
@@ -183,7 +183,7 @@ class Bench:
         if tier == "nvme":
             drop_page_cache(self.tmp)
 
-    def _layerwise(self, tier: str, rt: HFRuntime, store: TierManager, p: int,
+    def _layerwise(self, tier: str, rt: HFRuntime, store: TieredStore, p: int,
                    c_prompt: list[int], ref: dict[str, Any]) -> dict[str, Any]:
         dev = self.dev
         ids = torch.as_tensor(c_prompt, dtype=torch.long)

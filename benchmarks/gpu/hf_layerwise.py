@@ -34,7 +34,7 @@ from hybrid_connector.integrations.hf.runtime import HFRuntime
 from hybrid_connector.integrations.hf.state import decoder_layers, new_model_cache
 from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.tiers.copy_engine import CopyEngine, LayerTransfer, TransferJob
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Hit:
 class LayerwiseLoader:
     """Layer-wise exact hits of ``rt`` over ``store``, through ``engine``."""
 
-    def __init__(self, rt: HFRuntime, store: TierManager, engine: CopyEngine, *,
+    def __init__(self, rt: HFRuntime, store: TieredStore, engine: CopyEngine, *,
                  file_tier: bool) -> None:
         self.rt, self.store, self.engine, self.file_tier = rt, store, engine, file_tier
         self.device = next(rt.model.parameters()).device

@@ -31,7 +31,7 @@ from hybrid_connector.server.memory import Trimmer
 from hybrid_connector.server.metrics import Metrics
 from hybrid_connector.server.reader import FrameProtocol
 from hybrid_connector.server.service import Service
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class _Service(Service):
 class Server:
     """One server over the config's tiers (or ``store``)."""
 
-    def __init__(self, config: HybridConfig, store: TierManager | None = None) -> None:
+    def __init__(self, config: HybridConfig, store: ObjectStore | None = None) -> None:
         self.config = config
         self.settings = config.server
         self.store = store if store is not None else assemble.store(config, device="cpu")

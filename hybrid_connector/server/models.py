@@ -28,7 +28,7 @@ from hybrid_connector.core.config import ConfigError, HybridConfig, load_config
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.remote.wire.convert import CLIENT_KEYS
 from hybrid_connector.runtime.cache import HybridCache
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.store import ObjectStore
 
 
 class HelloError(ValueError):
@@ -45,7 +45,7 @@ class Models:
     """Fingerprint -> ``HybridCache``, bounded (see the module docstring); thread safe.
     ``close`` detaches every index (the store is the server's to close)."""
 
-    def __init__(self, config: HybridConfig, store: TierManager) -> None:
+    def __init__(self, config: HybridConfig, store: ObjectStore) -> None:
         self.config = config
         self.store = store
         self._by_spec: dict[str, HybridCache] = {}

@@ -27,7 +27,7 @@ import torch
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers import lm_protocol
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.store import ObjectStore
 
 _HEAD = struct.Struct("<4s6iH")
 _MAGIC = b"LMC1"
@@ -91,7 +91,7 @@ def unpack(stored: torch.Tensor) -> tuple[str, Meta, memoryview] | None:
 class PlainObjects:
     """LMCache's namespace over ``store``. Thread safe (the store is)."""
 
-    def __init__(self, store: TierManager) -> None:
+    def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self._names: dict[ObjectKey, str] = {}
         self._lock = threading.Lock()

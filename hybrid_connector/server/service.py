@@ -36,7 +36,7 @@ from hybrid_connector.server.models import HelloError, Models, ModelsFull
 from hybrid_connector.server.plain import PlainObjects
 from hybrid_connector.server.sessions import Held, LeaseRefused, Sessions
 from hybrid_connector.server.stats import server_stats
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.store import ObjectStore
 
 log = logging.getLogger(__name__)
 VERSION = "hybrid-connector/1"
@@ -88,7 +88,7 @@ def as_view(t: torch.Tensor) -> memoryview:
 class Service:
     """Models, plain objects and sessions over one store (see the module docstring)."""
 
-    def __init__(self, config: HybridConfig, store: TierManager) -> None:
+    def __init__(self, config: HybridConfig, store: ObjectStore) -> None:
         self.config = config
         self.store = store
         self.models = Models(config, store)

@@ -10,13 +10,13 @@ from typing import Any
 from hybrid_connector.server.models import Models
 from hybrid_connector.server.plain import PlainObjects
 from hybrid_connector.server.sessions import Sessions
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.store import ObjectStore
 
 STARTED = time.time()
 PLAIN_PREFIX = "lmc-"  # server.plain's fingerprints
 
 
-def held(store: TierManager) -> dict[str, dict[str, dict[str, list[int]]]]:
+def held(store: ObjectStore) -> dict[str, dict[str, dict[str, list[int]]]]:
     """fingerprint -> tier -> kind -> [objects, bytes] of what the ledger holds (ready)."""
     out: dict[str, dict[str, dict[str, list[int]]]] = {}
     with store.lock:
@@ -34,7 +34,7 @@ def held(store: TierManager) -> dict[str, dict[str, dict[str, list[int]]]]:
     return out
 
 
-def server_stats(store: TierManager, served: Models, plain_objects: PlainObjects,
+def server_stats(store: ObjectStore, served: Models, plain_objects: PlainObjects,
                  sessions: Sessions) -> dict[str, Any]:
     """``StatsReply``'s fields: models (counters, held by tier and kind), plain (LMCache's
     namespaces), tiers (``TierStats``), server (uptime, sessions)."""

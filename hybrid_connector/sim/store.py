@@ -19,7 +19,7 @@ from hybrid_connector.core.config import TIERS, HybridConfig
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
 from hybrid_connector.tiers.ledger import TierSpec
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.tier import Tier, TierStats
 
 _ONE = torch.zeros(1, dtype=torch.uint8)
@@ -52,7 +52,7 @@ class Budget:
     @classmethod
     def from_config(cls, config: HybridConfig) -> Budget:
         """One pool per kind holding the config's budget for that kind summed over its
-        tiers: the ``capacity(kind)`` a ``TierManager`` built from it gives the cache (the
+        tiers: the ``capacity(kind)`` a ``TieredStore`` built from it gives the cache (the
         simulator models sizes, not which tier an object sits in)."""
         return cls.per_kind({
             k: sum(getattr(config.budget(t), k.value) for t in TIERS) for k in ObjectKind
@@ -131,7 +131,7 @@ class SizeOnlyTier(Tier):
         return self._stats
 
 
-class SizeOnlyStore(TierManager):
+class SizeOnlyStore(TieredStore):
     """Byte accounting only over one ``SizeOnlyTier`` (see module docstring); the ledger
     enforces ``budget`` (pooled or per kind). Ops run inline: the sim is serial."""
 

@@ -40,7 +40,7 @@ def _present(config: HybridConfig) -> list[str]:
 def build_tiers(config: HybridConfig, device: torch.device | str | None = None,
                 disk_path: str | Path | None = None) -> list[Tier]:
     """Tiers from the config's typed keys (device, host, disk, remote; see
-    ``TierManager.from_config``). ``disk_path`` replaces ``config.disk_path`` (one directory
+    ``TieredStore.from_config``). ``disk_path`` replaces ``config.disk_path`` (one directory
     per TP rank: a directory belongs to one tier instance). Raises ValueError/OSError for a
     bad remote URL or an unusable disk path, ``ConfigError`` for a host pool larger than the
     machine's memory or a disk pool larger than its filesystem's room

@@ -1,6 +1,6 @@
-"""``TierManager``: a tiered store in one process. A ``Backend`` (the ledger decides where
-every object lives, see ``hybrid_connector.tiers.ledger``) whose executor runs the ops on this process's
-tiers, plus the ``ObjectStore`` API for using it without an index.
+"""``TieredStore``: the ``ObjectStore`` over this process's tiers. Its ledger half (the ledger
+decides where every object lives, see ``hybrid_connector.tiers.ledger``) has an executor that runs
+the ops on these tiers; its object calls use them without an index.
 
 Placement (decided by the ledger): per object kind, each kind in its own pool in every
 tier; exclusive local tiers; ``put`` goes to the fastest tier whose pool can hold the
@@ -11,7 +11,7 @@ key's owner; anchors die with their KV chunk (the owner's ``companions``); a sha
 promoted to the top (moved); pinned objects are never moved or dropped.
 
 An index (``HybridCache``) stores through the same ledger and executor, asynchronously; the
-``ObjectStore`` calls here wait for their ops. Reads run outside every lock.
+object calls here wait for their ops. Reads run outside every lock.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
-from hybrid_connector.tiers.backend import Backend, spec_of
+from hybrid_connector.tiers.backend import spec_of
 from hybrid_connector.tiers.copy_engine import CopyEngine, LayerTransfer
 from hybrid_connector.tiers.executor import Executor
 from hybrid_connector.tiers.ledger import Placement, TierSpec
@@ -49,7 +49,7 @@ class ManagerStats:
     misses: int = 0
 
 
-class TierManager(Backend, ObjectStore):
+class TieredStore(ObjectStore):
     """Tiered store over ``tiers`` (fastest first, unique names). ``specs``: the ledger's
     view when it differs from the tiers' own budgets (the simulator's pooled budget);
     ``inline``: run ops in the caller's thread; ``load_device``: where ``get`` allocates."""
@@ -83,7 +83,7 @@ class TierManager(Backend, ObjectStore):
                             t.remove([key])
 
     @classmethod
-    def from_config(cls, config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
+    def from_config(cls, config: HybridConfig, device: torch.device | str | None = None) -> TieredStore:
         """Tiers from the config's typed keys (``extra_config`` is never read): device
         (``device_size``/``pools.device``), host (``max_local_cpu_size``/``pools.host``),
         disk (``local_disk`` + its budget, ``disk_zstd``, ``disk_fsync``,
@@ -172,9 +172,8 @@ class TierManager(Backend, ObjectStore):
     # ------------------------------------------------------------------ writes
     def put(self, items: Sequence[tuple[ObjectKey, torch.Tensor]],
             metas: Sequence[ObjectMeta | None] | None = None) -> list[bool]:
-        """``ObjectStore.put``; ``metas`` (None, or one ``ObjectMeta`` or None per item,
-        ValueError otherwise) travel with the objects through every tier they move to
-        (``Tier.put``). An item whose metadata cannot describe its key is not stored."""
+        """``ObjectStore.put``; the metadata travels with each object through every tier it
+        moves to (``Tier.put``)."""
         out: list[bool] = []
         for (key, payload), meta in zip(items, check_metas(items, metas), strict=True):
             if not isinstance(key, ObjectKey):
@@ -313,6 +312,7 @@ class TierManager(Backend, ObjectStore):
         super().close()
 
 
-def build_store(config: HybridConfig, device: torch.device | str | None = None) -> TierManager:
-    """The store the cache and CLI use: a ``TierManager`` over the configured tiers."""
-    return TierManager.from_config(config, device=device)
+def build_store(config: HybridConfig, device: torch.device | str | None = None) -> TieredStore:
+    """The store the cache, the server and the CLI use: a ``TieredStore`` over the
+    configured tiers."""
+    return TieredStore.from_config(config, device=device)

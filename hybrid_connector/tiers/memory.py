@@ -1,6 +1,6 @@
-"""``MemoryTier``: payload copies in a dict; ``MemoryStore``: a one-tier ``TierManager`` over
-it (ops run inline, so every call returns with the bytes in place). The simplest store for
-tests and for an index without tiers to move objects between."""
+"""``MemoryTier``: payload copies in a dict; ``MemoryStore``: a one-tier ``TieredStore`` over
+it (ops run inline, so every call returns with the bytes in place). The simplest
+``ObjectStore`` for tests and for an index without tiers to move objects between."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.indexed import IndexedTier
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.tier import TierRecord, copy_into
 
 
@@ -29,8 +29,8 @@ class MemoryTier(IndexedTier):
         entry.handle = None
 
 
-class MemoryStore(TierManager):
-    """A ``TierManager`` over one ``MemoryTier`` called ``name``."""
+class MemoryStore(TieredStore):
+    """A ``TieredStore`` over one ``MemoryTier`` called ``name``."""
 
     def __init__(self, budgets: Mapping[ObjectKind, int], name: str = "memory") -> None:
         super().__init__([MemoryTier(name, budgets)], inline=True)

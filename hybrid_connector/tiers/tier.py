@@ -8,7 +8,7 @@ Contract shared by every tier:
 
 * A tier never evicts on its own: ``put`` of an object that does not fit its kind's pool
   fails (False) and leaves the tier unchanged. Choosing victims (``lru``) and moving them is
-  the ``TierManager``'s job, so a tier never loses an object without its caller knowing.
+  the ``TieredStore``'s job, so a tier never loses an object without its caller knowing.
 * ``put`` copies; the caller may reuse its tensor as soon as ``put`` returns. Overwriting an
   existing key replaces it atomically (readers see the old or the new object, never a mix).
 * ``get_into`` writes into caller buffers; ``get`` allocates. A failed read (missing,

@@ -197,11 +197,11 @@ def test_finish_keeps_the_tail_chunk_an_aligned_final_checkpoint_needs():
 def test_one_batched_put_survives_demotion_within_the_batch():
     from hybrid_connector.tiers.device import DeviceTier
     from hybrid_connector.tiers.host import HostTier
-    from hybrid_connector.tiers.manager import TierManager
+    from hybrid_connector.tiers.manager import TieredStore
 
     small = {ObjectKind.KV: 3 * CHUNK * KVB, ObjectKind.STATE: SB, ObjectKind.ANCHOR: 0}
     big = {ObjectKind.KV: 100 * CHUNK * KVB, ObjectKind.STATE: 100 * SB, ObjectKind.ANCHOR: 0}
-    store = TierManager([DeviceTier(small, device="cpu"), HostTier(big)])
+    store = TieredStore([DeviceTier(small, device="cpu"), HostTier(big)])
     c = assemble.cache(make_cache().config, GEO, store)
     seq = np.arange(80)
     r = save_seq(c, seq, states=[40, 80])      # 10 chunks + 2 states in one put: most demoted

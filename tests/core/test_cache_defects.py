@@ -27,7 +27,7 @@ from hybrid_connector.index.plan import SaveItem
 from hybrid_connector.sim.store import Budget, SizeOnlyStore
 from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager, build_store
+from hybrid_connector.tiers.manager import TieredStore, build_store
 from hybrid_connector.tiers.memory import MemoryTier
 
 KVB = TINY.kv_bytes_per_token()
@@ -164,7 +164,7 @@ def test_item6_replay_needs_whole_pages_covering_the_window() -> None:
 # ------------------------------------------------------------------------- item 7
 def test_item7_two_caches_share_one_tiered_store() -> None:
     kv, st = 2 * 24 * KVB, 2 * SB
-    store = TierManager([DeviceTier({ObjectKind.KV: kv, ObjectKind.STATE: st}, device="cpu"),
+    store = TieredStore([DeviceTier({ObjectKind.KV: kv, ObjectKind.STATE: st}, device="cpu"),
                          HostTier({ObjectKind.KV: 10 * kv, ObjectKind.STATE: 10 * st})])
     a = assemble.cache(config(), TINY, store, model_id="a")
     b = assemble.cache(config(), TINY, store, model_id="b")
@@ -186,7 +186,7 @@ def test_item7_two_caches_share_one_tiered_store() -> None:
 # ------------------------------------------------------------------------- item 8
 def test_item8_no_eviction_for_an_object_no_tier_can_hold() -> None:
     per_tier = 2 * CHUNK * KVB
-    store = TierManager([DeviceTier({ObjectKind.KV: per_tier, ObjectKind.STATE: 10 * SB}, device="cpu"),
+    store = TieredStore([DeviceTier({ObjectKind.KV: per_tier, ObjectKind.STATE: 10 * SB}, device="cpu"),
                          HostTier({ObjectKind.KV: per_tier, ObjectKind.STATE: 10 * SB})])
     c = make_cache(store=store, chunk_size=24)
     a = seq(0, 16)
@@ -258,7 +258,7 @@ def test_item11_a_short_read_is_a_failed_load() -> None:
             return [t[: t.numel() // 2] if t is not None and k.kind is ObjectKind.STATE else t
                     for k, t in zip(keys, super().get(keys, device), strict=True)]
 
-    c = make_cache(store=TierManager([HalfTier("half", {k: 10**6 for k in ObjectKind})]))
+    c = make_cache(store=TieredStore([HalfTier("half", {k: 10**6 for k in ObjectKind})]))
     a = seq(0)
     save_seq(c, a, states=[24])
     plan = c.lookup(np.r_[a, [1]])

@@ -15,7 +15,7 @@ from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.runtime.cache import HybridCache
 from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.memory import MemoryStore
 
 KVB = TINY.kv_bytes_per_token()
@@ -80,7 +80,7 @@ def test_engine_driver_has_no_spurious_rejections_and_no_orphans(tiered: bool) -
     kv, st = 12 * CHUNK * KVB, 6 * SB
     if tiered:  # slab tiers take whole 64-byte units per object: budget in those
         half = {ObjectKind.KV: kv // 2, ObjectKind.STATE: 3 * 64}
-        store = TierManager([DeviceTier(half, device="cpu"), HostTier(half)])
+        store = TieredStore([DeviceTier(half, device="cpu"), HostTier(half)])
     else:
         store = MemoryStore({ObjectKind.KV: kv, ObjectKind.STATE: st})
     cache = assemble.cache(config(), TINY, store)

@@ -1,7 +1,7 @@
 """Stateful property test of the cache against its stores: every plan is loaded and each
 payload's provenance checked (KV made for exactly the query's prefix, the state made at
 exactly p for that prefix, every size equal to the geometry's), over a ``MemoryStore`` and
-a three-tier ``TierManager`` (device, host, NVMe) with tight budgets, demotions, drops,
+a three-tier ``TieredStore`` (device, host, NVMe) with tight budgets, demotions, drops,
 silent losses and on-disk corruption injected between steps."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from hybrid_connector import assemble
 from hybrid_connector.core.keys import ObjectKey, ObjectKind, PrefixHasher
 from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.memory import MemoryStore
 from hybrid_connector.tiers.nvme import NvmeTier
 
@@ -56,7 +56,7 @@ class CacheMachine(RuleBasedStateMachine):
     def setup(self, tiered, kv, states, replay):
         self.dir = Path(tempfile.mkdtemp(prefix="hc-machine-"))
         if tiered:
-            self.store = TierManager([
+            self.store = TieredStore([
                 DeviceTier(budgets(kv, states), device="cpu"),
                 HostTier(budgets(kv, states)),
                 NvmeTier(self.dir, budgets(2 * kv, 2 * states), fsync=False),

@@ -1,5 +1,5 @@
 """Concurrent use of one cache: saves of overlapping requests, loads and evictions from
-several threads, over a ``MemoryStore`` and multi-tier ``TierManager``s with tight budgets.
+several threads, over a ``MemoryStore`` and multi-tier ``TieredStore``s with tight budgets.
 
 A request saved while another thread's put of the same object is still in flight must skip
 that object as present, never place it again (it raised ``KeyError ... is already placed``
@@ -34,7 +34,7 @@ from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.runtime.cache import HybridCache
 from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.memory import MemoryStore
 
 KVB = TINY.kv_bytes_per_token()
@@ -71,7 +71,7 @@ def check_consistent(c: HybridCache) -> None:
     """The index's and the ledger's invariants, and the tiers hold what the ledger says."""
     c.check_integrity()
     store = c.store
-    assert isinstance(store, TierManager)
+    assert isinstance(store, TieredStore)
     with store.lock:
         entries = dict(store.ledger.entries)
     for key, e in entries.items():
@@ -88,7 +88,7 @@ def test_save_of_an_object_whose_put_is_in_flight_skips_it() -> None:
     in flight skips every object as present (it raised KeyError for the checkpoints and
     anchors); both saves complete and the objects load."""
     slow = GatedHost(budgets(64, 64, 64), name="h0")
-    store = TierManager([slow, HostTier(budgets(64, 64, 64), name="h1")])
+    store = TieredStore([slow, HostTier(budgets(64, 64, 64), name="h1")])
     c = assemble.cache(config(replay=True), TINY, store)
     try:
         toks = np.array([1, 2, 1, 0, 2, 2, 1, 0, 1, 1, 2, 0, 0, 1, 2, 1])
@@ -115,16 +115,16 @@ def test_save_of_an_object_whose_put_is_in_flight_skips_it() -> None:
 
 
 # ------------------------------------------------------------------ threaded property
-def memory() -> TierManager:
+def memory() -> TieredStore:
     return MemoryStore(budgets(6, 4))
 
 
-def two_hosts() -> TierManager:
-    return TierManager([HostTier(budgets(3, 2), name="h0"), HostTier(budgets(6, 4), name="h1")])
+def two_hosts() -> TieredStore:
+    return TieredStore([HostTier(budgets(3, 2), name="h0"), HostTier(budgets(6, 4), name="h1")])
 
 
-def three_tiers() -> TierManager:
-    return TierManager([DeviceTier(budgets(2, 1), device="cpu"), HostTier(budgets(3, 2)),
+def three_tiers() -> TieredStore:
+    return TieredStore([DeviceTier(budgets(2, 1), device="cpu"), HostTier(budgets(3, 2)),
                         HostTier(budgets(6, 4), name="host2")])
 
 

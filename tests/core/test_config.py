@@ -186,7 +186,7 @@ def test_legacy_extra_config_tier_keys_move_to_the_typed_keys(tmp_path, caplog):
 
 def test_tiers_are_built_from_the_typed_keys(tmp_path):
     from hybrid_connector.core.keys import ObjectKind
-    from hybrid_connector.tiers.manager import TierManager
+    from hybrid_connector.tiers.manager import TieredStore
 
     cfg = load_config(overrides={
         "local_disk": str(tmp_path / "d"), "max_local_disk_size": 0.001,
@@ -194,7 +194,7 @@ def test_tiers_are_built_from_the_typed_keys(tmp_path):
         "remote_url": "lm://127.0.0.1:9", "pools": {"remote": {"kv": "1MiB"}},
         "remote_timeout_s": 0.25,
     }, environ={})
-    m = TierManager.from_config(cfg)
+    m = TieredStore.from_config(cfg)
     try:
         nvme, remote = (t for t in m.tiers if t.name in ("nvme", "remote"))
         assert nvme.zstd == {ObjectKind.STATE: 5}

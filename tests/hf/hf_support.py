@@ -258,7 +258,7 @@ def small_tier_store(model: Any, path: Any) -> Any:
     from hybrid_connector.core.keys import ObjectKind
     from hybrid_connector.tiers.device import DeviceTier
     from hybrid_connector.tiers.host import HostTier
-    from hybrid_connector.tiers.manager import TierManager
+    from hybrid_connector.tiers.manager import TieredStore
     from hybrid_connector.tiers.nvme import NvmeTier
 
     probe = runtime(model)
@@ -266,5 +266,5 @@ def small_tier_store(model: Any, path: Any) -> Any:
     probe.close()
     small = {ObjectKind.STATE: state_b + 64, ObjectKind.KV: 3 * kv_b + 64, ObjectKind.ANCHOR: 1 << 16}
     big = dict.fromkeys(ObjectKind, 1 << 24)
-    return TierManager([DeviceTier(small, device="cpu"), HostTier(small),
+    return TieredStore([DeviceTier(small, device="cpu"), HostTier(small),
                         NvmeTier(path / "nvme", big, fsync=False)])

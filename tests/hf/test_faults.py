@@ -16,7 +16,7 @@ from hf_support import (
 )
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.memory import MemoryTier
 
 
@@ -34,7 +34,7 @@ def test_failed_load_recomputes() -> None:
 
     model = tiny_model("qwen3_5")
     tier = FaultyTier("memory", {k: 1 << 30 for k in ObjectKind})
-    store = TierManager([tier], inline=True)
+    store = TieredStore([tier], inline=True)
     rt = runtime(model, store=store)
     vocab = model.config.vocab_size
     prefix = random_tokens(40, vocab, 31)

@@ -1,5 +1,5 @@
 """Exactness after the objects went through every tier: device -> host -> nvme (demotion)
-and back (promotion on the hit), with the real TierManager and tiers."""
+and back (promotion on the hit), with the real TieredStore and tiers."""
 
 from __future__ import annotations
 

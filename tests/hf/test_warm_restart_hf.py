@@ -15,13 +15,13 @@ from hf_support import (
 )
 
 from hybrid_connector.core.keys import ObjectKind
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.nvme import NvmeTier
 
 
-def nvme_store(path: Path) -> TierManager:
+def nvme_store(path: Path) -> TieredStore:
     big = {ObjectKind.KV: 1 << 26, ObjectKind.STATE: 1 << 26, ObjectKind.ANCHOR: 1 << 24}
-    return TierManager([NvmeTier(path, big, fsync=False)])
+    return TieredStore([NvmeTier(path, big, fsync=False)])
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "nemotron_h"])

@@ -20,7 +20,7 @@ from tier_helpers import DTYPES, make_key, make_payload, same_bits  # noqa: E402
 
 from hybrid_connector.core.keys import ObjectKind  # noqa: E402
 from hybrid_connector.tiers.host import HostTier  # noqa: E402
-from hybrid_connector.tiers.manager import TierManager  # noqa: E402
+from hybrid_connector.tiers.manager import TieredStore  # noqa: E402
 from hybrid_connector.tiers.remote import RemoteTier  # noqa: E402
 
 K = ObjectKind
@@ -100,8 +100,8 @@ def test_our_remote_tier_round_trips_every_kind(which: str, request: pytest.Fixt
     for (k, v), got in zip(items, tier.get([k for k, _ in items]), strict=True):
         assert same_bits(got, v), (k, v.dtype)
     tier.close()
-    # a host tier demoting into the remote one and promoting back, through TierManager
-    m = TierManager([HostTier({K.KV: 1024}), RemoteTier(url, {K.KV: 1 << 20})])
+    # a host tier demoting into the remote one and promoting back, through TieredStore
+    m = TieredStore([HostTier({K.KV: 1024}), RemoteTier(url, {K.KV: 1 << 20})])
     items = [(make_key(i, fp=f"mgr-{which[:4]}"), make_payload(i, (64,))) for i in range(10)]
     assert all(m.put(items))
     assert m.where([items[0][0]]) == ["remote"]

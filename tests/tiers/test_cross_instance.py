@@ -60,7 +60,7 @@ def test_the_record_announcing_a_chunk_fits_the_remote_tiers_manifests(redis_ser
     from hybrid_connector.core.keys import ObjectKey, ObjectKind
     from hybrid_connector.core.meta import ObjectMeta
     from hybrid_connector.index.manifests import decode_record, encode_record
-    from hybrid_connector.tiers.manager import TierManager
+    from hybrid_connector.tiers.manager import TieredStore
     from hybrid_connector.tiers.remote import RemoteTier
 
     cfg = load_config(overrides={"chunk_size": chunk, "remote_url": redis_server,
@@ -70,7 +70,7 @@ def test_the_record_announcing_a_chunk_fits_the_remote_tiers_manifests(redis_ser
                       hashes=tuple(bytes([i % 256]) * 16 for i in range(chunk // 16)))
     key = ObjectKey("f" * 32, meta.hashes[-1], ObjectKind.KV, 0, chunk)
     record = encode_record(key, 4096, meta)
-    tiers = [TierManager.from_config(cfg).tiers[-1]]
+    tiers = [TieredStore.from_config(cfg).tiers[-1]]
     if chunk == 256:
         tiers.append(RemoteTier(redis_server, {ObjectKind.KV: 2**20}, timeout=5))
     for i, tier in enumerate(tiers):

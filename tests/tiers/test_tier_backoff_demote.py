@@ -31,7 +31,7 @@ from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.plan import SaveItem
 from hybrid_connector.tiers.host import HostTier
 from hybrid_connector.tiers.ledger import Ledger, TierSpec
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.ops import Move, Put, Remove
 from hybrid_connector.tiers.remote import RemoteTier
 
@@ -89,10 +89,10 @@ def test_ledger_moves_a_victim_without_a_shared_copy_to_the_shared_tier() -> Non
 
 @pytest.mark.parametrize("server", ["redis", "lmcache"])
 def test_objects_saved_during_backoff_are_demoted_not_dropped(tmp_path: Path, server: str) -> None:
-    """Hardening item 11, through a ``TierManager`` over a host tier and a real server."""
+    """Hardening item 11, through a ``TieredStore`` over a host tier and a real server."""
     with (run_redis if server == "redis" else run_lmcache)(tmp_path) as url:
         remote = RemoteTier(url, REMOTE, timeout=0.5, min_backoff=1.0, max_backoff=1.0)
-        m = TierManager([HostTier(HOST), remote])
+        m = TieredStore([HostTier(HOST), remote])
         dropped: list[ObjectKey] = []
         m.set_drop_listener(dropped.extend)
         try:
@@ -155,7 +155,7 @@ def test_cache_keeps_what_it_saved_during_backoff(tmp_path: Path) -> None:
     with run_redis(tmp_path) as url:
         remote = RemoteTier(url, REMOTE | {ObjectKind.STATE: 1 << 30}, timeout=0.5,
                             min_backoff=1.0, max_backoff=1.0)
-        store = TierManager([HostTier({ObjectKind.KV: 2 * kv, ObjectKind.STATE: 2 * st}),
+        store = TieredStore([HostTier({ObjectKind.KV: 2 * kv, ObjectKind.STATE: 2 * st}),
                              remote])
         cache = assemble.cache(cfg, GEO, store)
         try:

@@ -14,7 +14,7 @@ from hybrid_connector.core.config import load_config
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.plan import SaveItem
-from hybrid_connector.tiers.manager import TierManager, build_store
+from hybrid_connector.tiers.manager import TieredStore, build_store
 
 # A tiny hybrid: KV 32 B/token (2 bf16 K+V of 8 elements), a 96 B checkpoint.
 GEO = ModelGeometry.from_dict({
@@ -52,7 +52,7 @@ def test_cache_over_tiers_never_promises_a_missing_object(tmp_path: Path) -> Non
                   "disk": {"kv": "16KiB", "state": "8KiB"}},
     }, environ={})
     store = build_store(cfg)
-    assert isinstance(store, TierManager)
+    assert isinstance(store, TieredStore)
     assert [t.name for t in store.tiers] == ["device", "host", "nvme"]
     cache = assemble.cache(cfg, GEO, store)
     rng = np.random.default_rng(0)

@@ -20,7 +20,7 @@ from tier_servers import StalledServer, run_redis
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.dirlock import LOCK_NAME
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.nvme import NvmeTier
 from hybrid_connector.tiers.remote import RemoteTier
 
@@ -73,7 +73,7 @@ def test_disk_full_on_a_real_tmpfs(tiny_tmpfs: Path, caplog: pytest.LogCaptureFi
 
 
 def test_disk_full_demotion_drops_are_reported(tiny_tmpfs: Path) -> None:
-    m = TierManager([HostTier({K.KV: 512 * 1024}), NvmeTier(tiny_tmpfs / "nvme", BIG)])
+    m = TieredStore([HostTier({K.KV: 512 * 1024}), NvmeTier(tiny_tmpfs / "nvme", BIG)])
     dropped: list[ObjectKey] = []
     m.set_drop_listener(dropped.extend)
     items = [(make_key(i), make_payload(i, (64 * 1024,))) for i in range(10)]
@@ -140,7 +140,7 @@ def test_unreadable_file_is_a_miss_and_dropped(tmp_path: Path, damage: str,
         f.mkdir()
     else:
         f.write_bytes(b"")
-    m = TierManager([tier])
+    m = TieredStore([tier])
     dropped: list[ObjectKey] = []
     m.set_drop_listener(dropped.extend)
     with caplog.at_level(logging.WARNING):
@@ -253,7 +253,7 @@ def test_remote_going_down_after_puts(tmp_path: Path, caplog: pytest.LogCaptureF
     nothing is reported lost while it is only unreachable, and the host keeps working."""
     with run_redis(tmp_path) as url:
         remote = RemoteTier(url, BIG, timeout=0.5, min_backoff=0.2, max_backoff=0.2)
-        m = TierManager([HostTier({K.KV: 1024}), remote])
+        m = TieredStore([HostTier({K.KV: 1024}), remote])
         dropped: list[ObjectKey] = []
         m.set_drop_listener(dropped.extend)
         items = [(make_key(i), make_payload(i, (64,))) for i in range(8)]

@@ -1,4 +1,4 @@
-"""TierManager: budgets, demotion/drop reporting, promotion, pins, per-kind isolation, async
+"""TieredStore: budgets, demotion/drop reporting, promotion, pins, per-kind isolation, async
 loads, and the config factory — against real device/host/NVMe tiers."""
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ from hybrid_connector.core.config import load_config
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager, build_store
+from hybrid_connector.tiers.manager import TieredStore, build_store
 from hybrid_connector.tiers.nvme import NvmeTier
 
 K = ObjectKind
 
 
 def three_tiers(tmp: Path, dev: int = 1024, host: int = 2048, disk: int = 4096,
-                fsync: bool = False) -> TierManager:
+                fsync: bool = False) -> TieredStore:
     b = lambda n: {K.KV: n, K.STATE: n // 2, K.ANCHOR: n // 4}  # noqa: E731
-    return TierManager([DeviceTier(b(dev)), HostTier(b(host)),
+    return TieredStore([DeviceTier(b(dev)), HostTier(b(host)),
                         NvmeTier(tmp / "disk", b(disk), fsync=fsync)])
 
 
-def check_budgets(m: TierManager) -> None:
+def check_budgets(m: TieredStore) -> None:
     for t in m.tiers:
         for k in K:
             assert 0 <= t.used(k) <= t.capacity(k), (t.name, k)
@@ -141,7 +141,7 @@ def test_a_pinned_hit_is_read_where_it_is_and_promoted_once_unpinned(tmp_path: P
 
 
 def test_anchors_die_with_their_kv(tmp_path: Path) -> None:
-    m = TierManager([HostTier({K.KV: 1024, K.ANCHOR: 4096})])
+    m = TieredStore([HostTier({K.KV: 1024, K.ANCHOR: 4096})])
     dropped: list[ObjectKey] = []
     m.set_drop_listener(dropped.extend)
     # anchor pages i*10 .. i*10+2 ride on KV chunk i (the index's knowledge)
@@ -187,7 +187,7 @@ def test_build_store_from_config(tmp_path: Path) -> None:
         "extra_config": {"disk_zstd": ["state"]},
     }, environ={})
     s = build_store(cfg)
-    assert isinstance(s, TierManager)
+    assert isinstance(s, TieredStore)
     assert [t.name for t in s.tiers] == ["device", "host", "nvme"]
     cap = s.capacity(K.KV)
     assert cap == sum(cfg.budget(t).kv for t in ("device", "host", "disk"))

@@ -21,7 +21,7 @@ from hybrid_connector.tiers import codec
 from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.executor import Executor
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.memory import MemoryTier
 from hybrid_connector.tiers.nvme import NvmeTier
 from hybrid_connector.tiers.ops import Move, Put, Take
@@ -247,14 +247,14 @@ def test_threaded_executor_passes_metas_and_reports_done() -> None:
 
 
 def test_manager_demotion_device_host_nvme_and_promotion_keep_metas(tmp_path: Path) -> None:
-    """Objects put through ``TierManager`` with metadata are demoted device -> host ->
+    """Objects put through ``TieredStore`` with metadata are demoted device -> host ->
     NVMe as room runs out and promoted back on a hit; wherever an object is, its tier
     holds its metadata, and after a restart the NVMe tier lists it."""
     two = {k: 2 * 128 for k in K}  # two (4, 8) float32 payloads per kind
     dev = DeviceTier(two, device="cpu")
     host = HostTier(two, pin_memory=False)
     nvme = NvmeTier(tmp_path / "nvme", BIG)
-    m = TierManager([dev, host, nvme], inline=True)
+    m = TieredStore([dev, host, nvme], inline=True)
     keys = [make_key(i, kind) for i in range(6) for kind in (K.KV, K.STATE)]
     metas = {k: meta_for(k, i) for i, k in enumerate(keys)}
     vals = {k: make_payload(i) for i, k in enumerate(keys)}
@@ -277,13 +277,13 @@ def test_manager_demotion_device_host_nvme_and_promotion_keep_metas(tmp_path: Pa
     m.close()
     t2 = NvmeTier(tmp_path / "nvme", BIG)
     assert {k: meta for k, _, meta in t2.inventory()} == on_disk
-    m2 = TierManager([t2], inline=True)  # adopted: reads back
+    m2 = TieredStore([t2], inline=True)  # adopted: reads back
     assert all(same_bits(m2.get([k])[0], vals[k]) for k in on_disk)
     m2.close()
 
 
 def test_manager_put_validates_metas() -> None:
-    m = TierManager([MemoryTier("a", BIG)], inline=True)
+    m = TieredStore([MemoryTier("a", BIG)], inline=True)
     k = make_key(1)
     assert m.put([(k, make_payload(1))], [ObjectMeta(b"", (1, 2), (), 0)]) == [False]
     assert m.where([k]) == [None]

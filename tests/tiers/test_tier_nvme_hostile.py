@@ -22,7 +22,7 @@ from tier_helpers import make_key, make_payload, same_bits
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers import codec
 from hybrid_connector.tiers.dirlock import LOCK_NAME
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.nvme import NvmeTier
 
 K = ObjectKind
@@ -104,7 +104,7 @@ def test_fifo_swapped_in_under_an_indexed_object_is_a_miss(tmp_path: Path, kind:
     os.mkfifo(fifo)
     if kind == "symlink":
         f.symlink_to(fifo)
-    m = TierManager([tier])
+    m = TieredStore([tier])
     assert finishes(lambda: m.get([k]), release_fifo(fifo)) == [None]
     assert m.where([k]) == [None]  # unreadable: forgotten
     m.close()
@@ -166,7 +166,7 @@ def test_zstd_file_rewritten_with_absurd_sizes_is_a_miss(tmp_path: Path, damage:
     frame = zstd_frame_claiming(10**12)
     stored = 10**13 if damage == "stored_1e13" else len(frame)
     (d / k.digest()).write_bytes(crafted_blob(_header(k, codec="zstd", stored=stored), frame))
-    m = TierManager([tier])
+    m = TieredStore([tier])
     assert m.get([k]) == [None]
     assert m.where([k]) == [None]
     m.close()
@@ -207,7 +207,7 @@ def test_remove_on_a_read_only_filesystem_reports_failure(ro_capable_tmpfs: Path
         assert tier.remove([k1]) == [False]  # honest: the file is still there
         assert tier.contains([k1]) == [True] and same_bits(tier.get([k1])[0], v1)
         assert list(tier.lru(K.KV)) == [k2]  # never offered as a victim again ...
-        m = TierManager([tier])
+        m = TieredStore([tier])
         more = [(make_key(i), make_payload(i)) for i in range(3, 6)]
         assert m.put(more) == [False] * 3  # ... so making room on a read-only tier ends
         m.close()  # and its tier: a restart (one live store per directory) ...

@@ -16,7 +16,7 @@ from tier_helpers import DTYPES, make_key, make_payload, same_bits
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers import lm_protocol
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.remote import LmClient, RemoteTier, make_client
 
 K = ObjectKind
@@ -62,7 +62,7 @@ def test_large_object_and_budget(url: str) -> None:
 def test_manager_demotes_into_remote_and_promotes_back(url: str) -> None:
     host = HostTier({K.KV: 1024})
     remote = RemoteTier(url, {K.KV: 1 << 20})
-    m = TierManager([host, remote])
+    m = TieredStore([host, remote])
     items = [(make_key(i, fp=f"mgr-{url[:2]}"), make_payload(i, (64,))) for i in range(10)]
     assert all(m.put(items))
     assert m.where([items[0][0]]) == ["remote"]
@@ -139,7 +139,7 @@ def test_bad_urls() -> None:
 def test_object_lost_by_the_server_is_reported_dropped(redis_server: str) -> None:
     import redis
 
-    m = TierManager([RemoteTier(redis_server, {K.STATE: 1 << 20})])
+    m = TieredStore([RemoteTier(redis_server, {K.STATE: 1 << 20})])
     dropped: list[ObjectKey] = []
     m.set_drop_listener(dropped.extend)
     k, v = make_key(7, K.STATE, fp="lost"), make_payload(7, (32,))

@@ -25,7 +25,7 @@ from tier_helpers import make_key, make_payload, same_bits
 
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.tiers import codec
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.remote import RemoteTier
 
 K = ObjectKind
@@ -138,7 +138,7 @@ def test_crafted_blob_with_a_valid_crc_is_a_miss(scheme: str, damage: str,
                                                  request: pytest.FixtureRequest) -> None:
     url = request.getfixturevalue("lmcache_server" if scheme == "lm" else "redis_server")
     tier = RemoteTier(url, BIG)
-    m = TierManager([tier])
+    m = TieredStore([tier])
     k, v = make_key(3, fp=f"crafted-{damage}"), make_payload(3, (64,))
     assert m.put([(k, v)]) == [True]
     tier.client.put(tier.client.name_for(k), _crafted(damage, k))  # the server now holds it

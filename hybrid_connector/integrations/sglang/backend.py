@@ -16,7 +16,7 @@ Design: a direct keyed path, not the radix index. SGLang's storage calls carry p
 hashes and host-pool indices, never token ids (``prefix_keys`` only when SGLang is told to
 pass them), so ``CacheIndex``, whose radix tree and hit rule are over tokens, cannot be
 driven from them. Instead every page is an object of the tier store (``assemble.store``:
-the ``TierManager`` over the config's tiers) keyed by its page hash
+the ``ObjectStore`` over the config's tiers) keyed by its page hash
 (``sglang_keys.PageKeys``, no rehashing); SGLang's own radix tree stays the index. What
 our store adds over SGLang's file backend:
 
@@ -77,8 +77,7 @@ from hybrid_connector.integrations.sglang.keys import (
 )
 from hybrid_connector.integrations.sglang.pages import PageSpec, held_fits, page_starts
 from hybrid_connector.policies.eviction.tier_value import TierValue
-from hybrid_connector.tiers.manager import TierManager
-from hybrid_connector.tiers.store import StoreHooks
+from hybrid_connector.tiers.store import ObjectStore, StoreHooks
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -117,7 +116,7 @@ class HybridHiCacheStorage(HiCacheStorage):
     """
 
     def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None, *,
-                 store: TierManager | None = None) -> None:
+                 store: ObjectStore | None = None) -> None:
         self.storage_config = storage_config
         self.config = _config(storage_config)
         self.store = store if store is not None else assemble.store(self.config, device="cpu")

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from hybrid_connector.core.keys import ObjectKey
-from hybrid_connector.tiers.manager import TierManager
+from hybrid_connector.tiers.store import ObjectStore
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def page_starts(pool: Any, pages: int, host_indices: torch.Tensor | None) -> lis
     return [int(s) for s in starts.reshape(-1).tolist()]
 
 
-def held_fits(store: TierManager, key: ObjectKey, spec: PageSpec) -> bool | None:
+def held_fits(store: ObjectStore, key: ObjectKey, spec: PageSpec) -> bool | None:
     """None: ``key`` is not held; else whether the held object is a page of ``spec``. A
     copy held only on the shared tier is judged by the size it was adopted with (its bytes
     are not read here; a wrong one is a miss when loaded)."""

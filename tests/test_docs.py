@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,76 @@ def test_mkdocs_strict_fails_on_a_broken_link(tmp_path: Path) -> None:
     run = mkdocs_build(repo, tmp_path / "broken")
     assert run.returncode != 0
     assert "no-such-page.md" in run.stdout + run.stderr
+
+
+def contract_layers() -> list[list[str]]:
+    """The package layers of pyproject's import-linter ``layers`` contract, top first."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in contracts["contracts"] if c["id"] == "layers"]
+    return [sorted(p.strip().removeprefix("hybrid_connector.") for p in row.split("|"))
+            for row in layers]
+
+
+def test_the_architecture_pages_layer_table_is_the_contract() -> None:
+    """docs/architecture.md's layer table lists the packages in the contract's order."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    section = page[page.index("## Layers"):].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", section, re.M)
+    assert [int(n) for n, _ in rows] == list(range(1, len(rows) + 1))
+    assert [sorted(re.findall(r"`(\w+)`", cell)) for _, cell in rows] == contract_layers()
+    packages = {p.name for p in (ROOT / "hybrid_connector").iterdir()
+                if (p / "__init__.py").is_file()}
+    components = (ROOT / "docs" / "components.md").read_text()
+    for package in packages:  # every package has its section
+        assert re.search(rf"^## .*`{package}/`", components, re.M), package
+
+
+PACKAGES = {"core", "geometry", "tree", "payload", "index", "policies", "runtime", "remote", "sim",
+            "bench", "cli", "server", "integrations", "tiers", "kernels", "presets"}
+CODE = re.compile(r"`([^`\s]+)`")
+DOTTED = re.compile(r"^(hybrid_connector(?:\.\w+)+)(?:\(\))?$")
+PKG = ROOT / "hybrid_connector"
+# Pages that list modules by their bare file name, inside a package's section
+LISTS_MODULES = ("docs/architecture.md", "docs/components.md")
+
+
+def module_exists(dotted: str) -> bool:
+    """``hybrid_connector.a.b[.attr]`` names a module or package file (an attribute of one
+    may close it)."""
+    parts = dotted.split(".")
+    for n in (len(parts), len(parts) - 1):
+        base = ROOT.joinpath(*parts[:n])
+        if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+            return True
+    return False
+
+
+def stale_names(page: str, text: str) -> list[str]:
+    """The module paths and dotted names ``text`` mentions that do not exist."""
+    stale = []
+    for code in CODE.findall(text):
+        if (m := DOTTED.match(code)) is not None:
+            if not module_exists(m.group(1)):
+                stale.append(code)
+            continue
+        path = code.removeprefix("hybrid_connector/")
+        if any(c in path for c in "*{},()") or not (path.endswith(".py") or "/" in path):
+            continue
+        if path.split("/")[0] in PACKAGES or path == "assemble.py":
+            if not (PKG / path.rstrip("/")).exists():
+                stale.append(code)
+        elif "/" not in path and page in LISTS_MODULES and not any(PKG.rglob(path)):
+            stale.append(code)
+    return stale
+
+
+@pytest.mark.parametrize("page", ["README.md", *sorted(
+    str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+def test_module_paths_in_the_docs_exist(page: str) -> None:
+    """Every package path (``hybrid_connector/x/y.py``, or ``x/y.py`` relative to it) and
+    dotted module a page names exists: no name from before the package moved."""
+    stale = stale_names(page, (ROOT / page).read_text())
+    assert not stale, f"{page} names modules that do not exist: {stale}"
 
 
 def fields(model: type[BaseModel]) -> list[str]:

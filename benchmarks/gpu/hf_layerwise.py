@@ -32,6 +32,7 @@ from hybrid_connector.index.plan import LoadPlan, PlannedObject
 from hybrid_connector.integrations.hf import pack as hf_pack
 from hybrid_connector.integrations.hf.runtime import HFRuntime
 from hybrid_connector.integrations.hf.state import decoder_layers, new_model_cache
+from hybrid_connector.payload.layout import kv_layout
 from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.tiers.copy_engine import CopyEngine, LayerTransfer, TransferJob
 from hybrid_connector.tiers.manager import TieredStore
@@ -136,7 +137,7 @@ class LayerwiseLoader:
                 s, e = o.ref.key.start, o.ref.key.end
 
                 def post(landed: torch.Tensor, s: int = s, e: int = e) -> None:
-                    parts = ad.kv_layout(e - s).unpack(landed)
+                    parts = kv_layout(ad.geometry, e - s).unpack(landed)
                     m = min(e, p) - s
                     for part, dst in zip(parts.values(), dests, strict=True):
                         hf_pack.scatter_kv(part[:m], dst, s)

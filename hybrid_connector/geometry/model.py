@@ -21,12 +21,13 @@ integrations must match byte for byte):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from hybrid_connector.geometry import rank_layout
+from hybrid_connector.geometry import rank_dims
 from hybrid_connector.geometry.flops import (
     attention_layer_flops,
     gdn_layer_flops,
@@ -156,8 +157,7 @@ class ModelGeometry:
                         f"needs `{need}` dims, which are missing"
                     )
         # Fail at construction, not at first use, if the TP layout is impossible.
-        self.state_layout()
-        self.kv_layout(1)
+        rank_dims.check(self)
 
     # ---- layer sets
 
@@ -204,40 +204,36 @@ class ModelGeometry:
         self._memo["groups"] = tuple(groups)
         return tuple(groups)
 
-    # ---- per-rank layouts and bytes
-
-    def kv_layout(self, num_tokens: int) -> tuple[TensorSpec, ...]:
-        """Per attention layer, K then V, each ``[num_tokens, kv_heads_per_rank, head_dim]``
-        in ``dtype``. Names are ``layers.{i}.k`` / ``layers.{i}.v``."""
-        return rank_layout.kv_layout(self, num_tokens)
+    # ---- per-rank bytes (which tensors hold them: ``hybrid_connector.payload.layout``)
 
     def kv_bytes_per_token(self) -> int:
         """K+V bytes of one token over all attention layers on one rank:
-        ``2 * kv_heads_per_rank * head_dim * dtype_bytes`` per attention layer."""
+        ``kv_heads_per_rank * (head_dim + v_dim) * dtype_bytes`` per attention layer."""
         if "kv_bytes" not in self._memo:
-            self._memo["kv_bytes"] = sum(t.nbytes for t in self.kv_layout(1))
+            a, n = self.attention, len(self.attention_layers)
+            per_layer = 0 if a is None or not n else (
+                rank_dims.kv_heads_per_rank(self) * (a.head_dim + a.v_dim) * dtype_bytes(self.dtype))
+            self._memo["kv_bytes"] = n * per_layer
         return int(self._memo["kv_bytes"])
-
-    def state_layout(self) -> tuple[TensorSpec, ...]:
-        """One state checkpoint on one rank: per recurrent layer, in layer order, its conv state
-        ``[channels/tp, conv_kernel - 1]`` (``dtype``) then its recurrent state (``state_dtype``;
-        absent for short conv). Names are ``layers.{i}.conv_state`` /
-        ``layers.{i}.recurrent_state``."""
-        return rank_layout.state_layout(self)
 
     def state_bytes(self) -> int:
         """Bytes of one state checkpoint (all recurrent layers, conv + recurrent) on one rank."""
         if "state_bytes" not in self._memo:
-            self._memo["state_bytes"] = sum(t.nbytes for t in self.state_layout())
+            self._memo["state_bytes"] = sum(self.state_bytes_per_layer().values())
         return int(self._memo["state_bytes"])
 
     def state_bytes_per_layer(self) -> dict[int, int]:
-        """Checkpoint bytes split by recurrent layer index (per rank)."""
-        return {
-            layer.index: sum(t.nbytes for t in rank_layout.mixer_state(self, layer))
-            for layer in self.layers
-            if layer.mixer.is_recurrent
-        }
+        """Checkpoint bytes split by recurrent layer index (per rank): the conv state
+        (``dtype``) plus the recurrent state (``state_dtype``) of
+        ``rank_dims.state_shapes``."""
+        out: dict[int, int] = {}
+        for layer in self.layers:
+            shapes = rank_dims.state_shapes(self, layer) if layer.mixer.is_recurrent else None
+            if shapes is not None:
+                rec = 0 if shapes.recurrent is None else (
+                    math.prod(shapes.recurrent) * dtype_bytes(self.state_dtype))
+                out[layer.index] = math.prod(shapes.conv) * dtype_bytes(self.dtype) + rec
+        return out
 
     def anchor_bytes_per_token(self) -> int:
         """Bytes of one anchor token: one hidden state (``hidden_size`` in ``dtype``, replicated

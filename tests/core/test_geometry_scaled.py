@@ -26,6 +26,7 @@ from hybrid_connector.geometry.scaled import (  # noqa: E402
     scaled_geometry,
 )
 from hybrid_connector.geometry.scaled_hf import vllm_block_size, vllm_pages, write_hf_config  # noqa: E402
+from hybrid_connector.payload.layout import kv_layout, state_layout  # noqa: E402
 
 PRESETS = ("qwen3.5-4b", "nemotron-h-8b")
 TOL = 0.01  # state bytes (and state in KV tokens) within 1% of the real ones over s
@@ -103,8 +104,8 @@ def test_the_written_config_loads_in_transformers_with_the_same_cache(tmp_path: 
     sg = scaled_geometry(preset, 16, vocab_size=256)
     cfg = AutoConfig.from_pretrained(write_hf_config(sg.geometry, tmp_path))
     back = ModelGeometry.from_hf_config(cfg, dtype="float32", state_dtype="float32")
-    assert back.kv_layout(1) == sg.geometry.kv_layout(1)
-    assert back.state_layout() == sg.geometry.state_layout()
+    assert kv_layout(back, 1).specs == kv_layout(sg.geometry, 1).specs
+    assert state_layout(back).specs == state_layout(sg.geometry).specs
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -65,10 +65,10 @@ def test_layouts_are_the_geometry_bytes(name: str, tp: int) -> None:
     geo = get_preset(name, tp_size=tp)
     for n in (1, 7, 256):
         kv = kv_layout(geo, n)
-        assert _fields(kv.parts) == _fields(geo.kv_layout(n))
+        assert _fields(kv.parts) == _fields(kv_layout(geo, n).specs)
         assert kv.nbytes == n * geo.kv_bytes_per_token()
     st = state_layout(geo)
-    assert _fields(st.parts) == _fields(geo.state_layout())
+    assert _fields(st.parts) == _fields(state_layout(geo).specs)
     assert st.nbytes == geo.state_bytes()
     for lay in (kv_layout(geo, 5), st):
         off = 0
@@ -233,3 +233,36 @@ def test_paged_kv_errors() -> None:
         scatter_paged_kv(lay, torch.zeros(10, dtype=torch.bfloat16), caches, [0, 1])
     with pytest.raises(ValueError, match="needs a KV layout"):
         gather_paged_kv(state_layout(geo), caches, [0, 1])
+
+
+@pytest.mark.parametrize("lo, hi", [(0, 12), (4, 12), (4, 10), (0, 3)])
+def test_paged_kv_per_layer_tables_and_token_windows(lo: int, hi: int) -> None:
+    """One block table per layer (engines with several KV cache groups) and a window of the
+    payload's tokens (a load that starts inside a chunk): the window's tokens land at slot 0
+    of each layer's own first block on, nothing else changes."""
+    geo = _paged_geometry()
+    lay = kv_layout(geo, 12)
+    src = [_kv_first(6, seed) for seed in (1, 2)]
+    tables = [[3, 0, 5], [1, 4, 2]]
+    payload = gather_paged_kv(lay, src, tables)
+    for j in range(2):  # a layer's own table: the same bytes as gathering that layer alone
+        one = gather_paged_kv(kv_layout(geo, 12), [src[j]] * 2, tables[j])
+        name = f"layers.{geo.attention_layers[j]}.k"
+        assert torch.equal(lay.unpack(payload)[name], kv_layout(geo, 12).unpack(one)[
+            f"layers.{geo.attention_layers[0]}.k"])
+    dst = [_kv_first(8, 7 + j) for j in range(2)]
+    before = [d.clone() for d in dst]
+    n = hi - lo
+    dst_tables = [[6, 1, 3][: -(-n // BLOCK)], [0, 7, 5][: -(-n // BLOCK)]]
+    scatter_paged_kv(lay, payload, dst, dst_tables, tokens=(lo, hi))
+    parts = lay.unpack(payload)
+    for j, layer in enumerate(geo.attention_layers):
+        want = before[j].clone()
+        for kv, name in enumerate("kv"):
+            for t in range(n):
+                want[kv, dst_tables[j][t // BLOCK], t % BLOCK] = parts[f"layers.{layer}.{name}"][lo + t]
+        assert torch.equal(_bits(dst[j]), _bits(want))
+    with pytest.raises(ValueError, match=r"tokens \[4, 13\) are not inside the chunk's 12"):
+        scatter_paged_kv(lay, payload, dst, dst_tables, tokens=(4, 13))
+    with pytest.raises(ValueError, match="1 block tables for 2 layer caches"):
+        gather_paged_kv(lay, src, tables[:1])

@@ -44,6 +44,7 @@ from hybrid_connector.geometry.presets import (
     marconi_ref_params,
     tiny_hf_config,
 )
+from hybrid_connector.payload.layout import kv_layout, state_layout
 
 MiB = 2**20
 
@@ -198,12 +199,12 @@ def test_qwen3_next_moe_and_other_presets() -> None:
 
 def test_layouts_sum_to_bytes() -> None:
     g = get_preset("qwen3.5-4b")
-    layout = g.state_layout()
+    layout = state_layout(g).specs
     assert layout[0] == TensorSpec("layers.0.conv_state", (8192, 3), "bfloat16")
     assert layout[1] == TensorSpec("layers.0.recurrent_state", (32, 128, 128), "float32")
     assert [t.name for t in layout[2:4]] == ["layers.1.conv_state", "layers.1.recurrent_state"]
     assert sum(t.nbytes for t in layout) == g.state_bytes()
-    kv = g.kv_layout(7)
+    kv = kv_layout(g, 7).specs
     assert len(kv) == 16 and kv[0] == TensorSpec("layers.3.k", (7, 4, 256), "bfloat16")
     assert sum(t.nbytes for t in kv) == 7 * g.kv_bytes_per_token()
 
@@ -212,7 +213,7 @@ def test_tensor_parallel_division() -> None:
     tp2 = get_preset("qwen3.5-4b", tp_size=2)
     assert tp2.kv_bytes_per_token() == 8 * 2 * 2 * 256 * 2
     assert tp2.state_bytes() == 24 * (4096 * 3 * 2 + 16 * 128 * 128 * 4)
-    assert tp2.state_layout()[1].shape == (16, 128, 128)
+    assert state_layout(tp2).specs[1].shape == (16, 128, 128)
     # 4 kv heads on 8 ranks: one replicated head per rank
     tp8 = get_preset("qwen3.5-4b", tp_size=8)
     assert tp8.kv_bytes_per_token() == 8 * 2 * 1 * 256 * 2
@@ -221,10 +222,10 @@ def test_tensor_parallel_division() -> None:
         get_preset("qwen3.5-4b", tp_size=3)
     # Bamba has one B/C group: vLLM replicates it to tp groups before sharding
     b4 = get_preset("bamba-9b", tp_size=4)
-    assert b4.state_layout()[0].shape == ((8192 + 2 * 4 * 128) // 4, 3)
-    assert b4.state_layout()[1].shape == (32, 64, 128)
+    assert state_layout(b4).specs[0].shape == ((8192 + 2 * 4 * 128) // 4, 3)
+    assert state_layout(b4).specs[1].shape == (32, 64, 128)
     # Nemotron-H has 8 groups: fine at tp 8, impossible at 16
-    assert get_preset("nemotron-h-8b", tp_size=8).state_layout()[0].shape == (10240 // 8, 3)
+    assert state_layout(get_preset("nemotron-h-8b", tp_size=8)).specs[0].shape == (10240 // 8, 3)
     with pytest.raises(ValueError, match="n_groups"):
         get_preset("nemotron-h-8b", tp_size=16)
     assert tp2.fingerprint_fields() != get_preset("qwen3.5-4b").fingerprint_fields()
@@ -257,7 +258,7 @@ def test_recurrent_groups() -> None:
     assert _geom("MSM").recurrent_groups() == ((0, 1, 2),)
     # short conv: conv state only, hidden x (kernel - 1)
     s = _geom("S")
-    assert s.state_layout() == (TensorSpec("layers.0.conv_state", (64, 2), "bfloat16"),)
+    assert state_layout(s).specs == (TensorSpec("layers.0.conv_state", (64, 2), "bfloat16"),)
     assert s.flops_saved(10).short_conv == 2 * 10 * 64 * 192 + 2 * 10 * 64 * 3 + 2 * 10 * 64 * 64
     assert s.kv_bytes_per_token() == 0
 
@@ -520,7 +521,7 @@ def test_tiny_model_cache_matches_geometry(arch: str) -> None:
     assert g.dtype == "float32"
     assert g.attention_layers and g.recurrent_layers
     hf = _cache_shapes(pkv)
-    ours = {t.name: t.shape for t in g.state_layout() + g.kv_layout(12)}
+    ours = {t.name: t.shape for t in state_layout(g).specs + kv_layout(g, 12).specs}
     assert set(hf) == set(ours)
     for name, shape in ours.items():
         if name.endswith(".conv_state"):
@@ -658,7 +659,7 @@ def test_kimi_linear_mla_geometry_bytes_and_flops() -> None:
     g = get_preset("kimi-linear-48b-a3b")
     assert g.attention is not None and g.mla is not None
     assert g.kv_bytes_per_token() == 7 * (512 + 64) * 2
-    assert [t.shape for t in g.kv_layout(3)[:2]] == [(3, 1, 512), (3, 1, 64)]
+    assert [t.shape for t in kv_layout(g, 3).specs[:2]] == [(3, 1, 512), (3, 1, 64)]
     one, two = g.flops_saved(1000).attention, g.flops_saved(2000).attention
     assert 2 * one < two < 4 * one  # projections linear, scores quadratic in the tokens
     # without the MLA block the cache would be costed as plain attention over one 512-wide head

@@ -23,6 +23,7 @@ from hybrid_connector.integrations.hf.state import (  # noqa: E402
     model_forward,
     new_model_cache,
 )
+from hybrid_connector.payload.layout import kv_layout  # noqa: E402
 from hybrid_connector.tiers.memory import MemoryStore  # noqa: E402
 
 ARCHS = ("qwen3_5", "qwen3_next", "nemotron_h", "bamba", "jamba", "falcon_h1", "granitemoehybrid",
@@ -118,7 +119,7 @@ def cache_tensors(adapter: HFStateAdapter, mc: Any, p: int) -> tuple[dict[str, t
     errors: list[str] = []
     if adapter.attention:
         try:
-            out.update(adapter.kv_layout(p).unpack(adapter.extract_kv(mc, 0, p)))
+            out.update(kv_layout(adapter.geometry, p).unpack(adapter.extract_kv(mc, 0, p)))
         except ValueError as e:
             errors.append(f"KV: {e}")
     if adapter.recurrent:

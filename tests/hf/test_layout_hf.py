@@ -90,7 +90,7 @@ def test_payloads_are_the_cache_bytes(arch: str) -> None:
         kv = ad.extract_kv(mc, 5, 21)
         lay = kv_layout(geo, 16)
         assert [(p.name, p.shape, p.dtype) for p in lay.parts] == \
-            [(s.name, s.shape, s.dtype) for s in geo.kv_layout(16)]
+            [(s.name, s.shape, s.dtype) for s in kv_layout(geo, 16).specs]
         assert _bits(kv).numel() == 16 * geo.kv_bytes_per_token()
         parts = lay.unpack(kv)
         for i in geo.attention_layers:

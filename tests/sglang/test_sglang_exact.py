@@ -37,6 +37,7 @@ from sglang_helpers import (  # noqa: E402
 from sglang_helpers import kv_transfer as _kv_transfer  # noqa: E402
 
 from hybrid_connector.integrations.hf.state import new_model_cache  # noqa: E402
+from hybrid_connector.payload.layout import kv_layout  # noqa: E402
 
 PAGE = 4  # sglang_helpers' page size: its hashes and KV transfers use it
 N, P = 40, 24  # prompt tokens, tokens of the first request (6 pages)
@@ -54,7 +55,7 @@ def test_qwen3_5_resumes_exactly_from_pages_and_a_state_stored_through_sglang_la
     rt.run_tokens(toks[:P], mc, 0)
 
     # The first request's KV and state, in SGLang's page_first host layouts.
-    kv_parts = ad.kv_layout(P).unpack(ad.extract_kv(mc, 0, P))
+    kv_parts = kv_layout(ad.geometry, P).unpack(ad.extract_kv(mc, 0, P))
     states = ad.unpack_state(ad.extract_state(mc))
     att = [a.layer for a in ad.attention]
     a0 = ad.attention[0]
@@ -87,7 +88,7 @@ def test_qwen3_5_resumes_exactly_from_pages_and_a_state_stored_through_sglang_la
     # Host pool slots -> a fresh transformers cache.
     loaded = {f"layers.{layer}.{kv}": kv_pool.kv_buffer[i, 8 * PAGE : 8 * PAGE + P, j]
               for j, layer in enumerate(att) for i, kv in enumerate("kv")}
-    kv_payload = ad.kv_layout(P).pack({n: loaded[n] for n in ad.kv_layout(P).names})
+    kv_payload = kv_layout(ad.geometry, P).pack({n: loaded[n] for n in kv_layout(ad.geometry, P).names})
     parts = {}
     for j, s in enumerate(ad.recurrent):
         parts[s.conv_part] = mamba.conv_buffer[0][3, j, 0]

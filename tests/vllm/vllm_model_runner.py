@@ -28,6 +28,7 @@ from vllm_support import BLOCK
 
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.integrations.hf.state import HFStateAdapter, new_model_cache
+from hybrid_connector.payload.layout import kv_layout
 
 TOL = 1e-5  # relative to the tensor's scale (tests/hf/hf_support.py measured <= 6.8e-7)
 
@@ -71,7 +72,7 @@ class ModelRunner(Runner):
             i = _layer(name)
             parts[f"layers.{i}.k"] = k[blocks, slots]
             parts[f"layers.{i}.v"] = v[blocks, slots]
-        return self.adapter.kv_layout(c).pack(parts)
+        return kv_layout(self.adapter.geometry, c).pack(parts)
 
     def _read_state(self, r: Req, c: int) -> torch.Tensor:
         parts = {}
@@ -84,7 +85,7 @@ class ModelRunner(Runner):
         return self.adapter.state_layout.pack(parts)
 
     def _write(self, r: Req, mc: Any, c: int, end: int) -> None:
-        kv = self.adapter.kv_layout(end - c).unpack(self.adapter.extract_kv(mc, c, end))
+        kv = kv_layout(self.adapter.geometry, end - c).unpack(self.adapter.extract_kv(mc, c, end))
         for g, name in self.attn:
             blocks, slots = self._slots(r, g, c, end)
             i = _layer(name)

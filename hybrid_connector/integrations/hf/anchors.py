@@ -3,7 +3,7 @@
 **Layout** (``hybrid_connector.payload.layout.AnchorLayout``, re-exported here; built from the
 geometry by ``layout.anchor_layout``): tokens are cut into pages of ``page`` tokens
 (``config.anchor_page_size``). In each page ``[s, s + page)`` the anchor keeps the **last**
-``keep = policies.anchors.anchor_keep(geometry, page, rho)`` positions (rho =
+``keep = geometry.anchors.anchor_keep(geometry, page, rho)`` positions (rho =
 ``config.anchor_density``; at least ``(conv_kernel - 1) * L`` for the longest group L, so the
 causal convs of a group continue exactly). Dense sampling next to the page end (rather than
 uniform) follows SuffixReplay's finding that it is the more stable choice, and it makes the
@@ -11,7 +11,7 @@ positions just before a hit at the page end contiguous. One anchor block per pag
 recurrent group (``ModelGeometry.recurrent_groups()``, in order), the ``keep`` hidden states
 entering the group's first layer: ``[groups, keep, hidden]`` in the model dtype, packed 1-D,
 saved as ``SaveItem(ObjectKind.ANCHOR, s, s + page, payload)``; its size is
-``policies.anchors.anchor_block_bytes``, which the cache checks. The positions are a function
+``geometry.anchors.anchor_block_bytes``, which the cache checks. The positions are a function
 of ``(page, keep)``, which enter the cache fingerprint through ``layout``.
 
 **Capture.** :class:`AnchorRecorder` puts forward pre-hooks on the group-entry decoder

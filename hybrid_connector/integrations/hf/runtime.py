@@ -47,12 +47,13 @@ import torch
 from hybrid_connector import assemble
 from hybrid_connector.assemble import EngineCache
 from hybrid_connector.core.config import HybridConfig
+from hybrid_connector.geometry.anchors import configured_anchors
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveResult
 from hybrid_connector.integrations.hf.anchors import AnchorLayout, AnchorRecorder
 from hybrid_connector.integrations.hf.replay import gather_anchors, refuse_replay, replay_states
 from hybrid_connector.integrations.hf.state import HFStateAdapter, model_forward, new_model_cache
-from hybrid_connector.payload.layout import anchor_layout as layout_anchor_layout
+from hybrid_connector.payload.layout import anchor_layout
 from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.runtime.suffix_replay import ReplayGate
 from hybrid_connector.tiers.backend import Backend
@@ -129,7 +130,7 @@ class HFRuntime:
         self.gate = gate
         self.stepwise_resume = str(getattr(model.config, "model_type", "")) in _STEPWISE_RESUME
         self._logits_to_keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.layout = anchor_layout(model, self.config, self.adapter)
+        self.layout: AnchorLayout = anchor_layout(self.geometry, *configured_anchors(self.config))
         want = self.config.replay if anchors is None else anchors
         if want or self.config.replay:
             refuse_replay(model)
@@ -143,8 +144,9 @@ class HFRuntime:
         ``store``, default the config's tiers, or a ``ServerCache`` when the config names a
         ``cache_server``) and the runtime over it."""
         geometry = geometry_for(model)
-        adapter = HFStateAdapter(model, geometry)
-        layout = {"engine": "transformers", **anchor_layout(model, config, adapter).fingerprint()}
+        HFStateAdapter(model, geometry)  # refuse a cache the geometry does not describe, first
+        anchors_at = anchor_layout(geometry, *configured_anchors(config))
+        layout = {"engine": "transformers", **anchors_at.fingerprint()}
         cache = assemble.engine_cache(config, geometry, store, layout=layout, **cache_kwargs)
         return cls(model, cache, anchors=anchors, gate=gate, alignment=alignment)
 
@@ -293,15 +295,6 @@ class HFRuntime:
         new = self.decode(res, num_tokens)
         self.finish(res)
         return new, res.info
-
-
-def anchor_layout(model: Any, config: HybridConfig, adapter: HFStateAdapter) -> AnchorLayout:
-    """Anchor layout of ``model`` under ``config`` (page, density): ``layout.anchor_layout``
-    of the adapter's geometry, whose ``keep`` is ``policies.anchors.anchor_keep`` (the one
-    rule, which the cache's size check uses too). A density of 0 means one position per
-    page, before the conv minimum. ``model`` is unused (the geometry carries the dtype)."""
-    rho = config.anchor_density if config.anchor_density > 0 else 1.0 / config.anchor_page_size
-    return layout_anchor_layout(adapter.geometry, config.anchor_page_size, rho)
 
 
 def _as_ids(input_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -257,15 +257,11 @@ class HFStateAdapter:
                                  f"geometry's layout says "
                                  f"{None if rec is None else (rec.shape, rec.torch_dtype)}")
 
-    def kv_layout(self, num_tokens: int) -> PayloadLayout:
-        """The layout of a KV chunk of ``num_tokens`` tokens (``layout.kv_layout``)."""
-        return kv_layout(self.geometry, num_tokens)
-
     def state_nbytes(self) -> int:
         return self.state_layout.nbytes
 
     def kv_nbytes(self, num_tokens: int) -> int:
-        return self.kv_layout(num_tokens).nbytes
+        return kv_layout(self.geometry, num_tokens).nbytes
 
     # ---------------------------------------------------------------- extract
     def kv_length(self, cache: Any) -> int:
@@ -277,12 +273,12 @@ class HFStateAdapter:
 
     def extract_kv(self, cache: Any, start: int, end: int) -> torch.Tensor:
         """The KV chunk of tokens ``[start, end)`` of every attention layer (batch row 0), a
-        payload of ``kv_layout(end - start)`` on the cache's device, written by the kernels'
+        payload of ``kv_layout(geometry, end - start)`` on the cache's device, written by the kernels'
         row gather. Raises ValueError when the cache does not hold those tokens."""
         held = self.kv_length(cache)
         if not 0 <= start < end <= held:
             raise ValueError(f"extract_kv: [{start}, {end}) is outside the {held} cached tokens")
-        layout = self.kv_layout(end - start)
+        layout = kv_layout(self.geometry, end - start)
         payload, views = layout.allocate(cache.layers[self.attention[0].layer].keys.device)
         for a in self.attention:
             layer = cache.layers[a.layer]
@@ -341,7 +337,7 @@ class HFStateAdapter:
             for payload, (s, e) in zip(kv_payloads, kv_ranges, strict=True):
                 if s != pos:
                     raise ValueError(f"restore: KV chunks are not contiguous at {pos} (got [{s}, {e}))")
-                parts = self.kv_layout(e - s).unpack(payload.to(device))
+                parts = kv_layout(self.geometry, e - s).unpack(payload.to(device))
                 m = min(e, num_tokens) - s
                 for part, buf in zip(parts.values(), bufs, strict=True):
                     hf_pack.scatter_kv(part[:m], buf, s)

@@ -1,6 +1,7 @@
 """The worker side of the vLLM connector, one per TP rank: moves bytes between vLLM's paged
-buffers and this rank's tiers, through ``hybrid_connector/kernels/`` (paged KV gather/scatter, state page
-copy; CUDA on GPU, the torch fallbacks on CPU).
+buffers and this rank's tiers: KV through the payload layout's paged gather/scatter
+(``hybrid_connector.payload.paged``), state pages through ``kernels.copy_state_pages``
+(CUDA on GPU, the torch fallbacks on CPU).
 
 vLLM hands ``register_kv_caches`` the per-layer ``[B, H, N, C]`` views ``allocate_kv_cache``
 makes of one int8 allocation every group aliases (``vllm_pages``): an attention layer's is
@@ -38,9 +39,12 @@ from hybrid_connector.integrations.vllm.pages import kv_view, state_views
 from hybrid_connector.integrations.vllm.setup import Groups, HybridStartupError, layer_index
 from hybrid_connector.integrations.vllm.stats import HybridStats
 from hybrid_connector.payload.layout import PayloadLayout, kv_layout
+from hybrid_connector.payload.paged import gather_paged_kv, scatter_paged_kv
 from hybrid_connector.runtime.ranks import LoadReport, OpReport, RankWorker
 
 log = logging.getLogger(__name__)
+
+KV_FIRST = "kv_first"  # what ``pages.kv_view`` makes of every backend's pages
 
 
 class WorkerSide:
@@ -71,7 +75,7 @@ class WorkerSide:
             if name not in caches:
                 raise HybridStartupError(f"no paged KV tensor registered for {name}")
             view = kv_view(name, caches[name], specs[name], self.num_blocks, backends.get(name))
-            self.kv.append((g, view, "kv_first"))
+            self.kv.append((g, view, KV_FIRST))
         tensors: list[TensorSpec] = []
         for g, name in self.groups.recurrent:
             if name not in caches:
@@ -97,37 +101,27 @@ class WorkerSide:
             raise ValueError(f"tokens [{a}, {b}) are not covered by group {g}'s blocks")
         return ids
 
+    def _caches(self) -> list[torch.Tensor]:
+        return [cache for _, cache, _ in self.kv]
+
+    def _tables(self, block_ids: tuple[tuple[int, ...], ...], a: int, b: int) -> list[list[int]]:
+        """Each attention layer's blocks of tokens ``[a, b)`` (its group's block table)."""
+        return [self._kv_ids(block_ids, g, a, b) for g, _, _ in self.kv]
+
     def gather_kv(self, block_ids: tuple[tuple[int, ...], ...], a: int, b: int) -> torch.Tensor:
         """The KV of tokens ``[a, b)`` (``a`` block aligned) as a payload of
-        ``kv_layout(geometry, b - a)``."""
-        lay = kv_layout(self.geometry, b - a)
-        parts: dict[str, torch.Tensor] = {}
-        for (g, cache, bl), i in zip(self.kv, self.geometry.attention_layers, strict=True):
-            buf = kernels.gather_kv_blocks(cache, self._kv_ids(block_ids, g, a, b), layout=bl)
-            h, d = buf.shape[-2:]
-            parts[f"layers.{i}.k"] = buf[0].reshape(-1, h, d)[: b - a]
-            parts[f"layers.{i}.v"] = buf[1].reshape(-1, h, d)[: b - a]
-        return lay.pack(parts)
+        ``kv_layout(geometry, b - a)`` (``payload.paged.gather_paged_kv``)."""
+        return gather_paged_kv(kv_layout(self.geometry, b - a), self._caches(),
+                               self._tables(block_ids, a, b), block_layout=KV_FIRST)
 
     def scatter_kv(self, payload: torch.Tensor, start: int, block_ids: tuple[tuple[int, ...], ...],
                    a: int, b: int) -> None:
         """Write tokens ``[a, b)`` of a KV chunk payload beginning at token ``start`` into
         the request's blocks (``a`` block aligned; a partial last block keeps its other
-        slots)."""
-        parts = kv_layout(self.geometry, payload_tokens(self.geometry, payload)).unpack(payload)
-        bs = self.groups.block_size
-        for (g, cache, bl), i in zip(self.kv, self.geometry.attention_layers, strict=True):
-            ids = self._kv_ids(block_ids, g, a, b)
-            k, v = parts[f"layers.{i}.k"][a - start : b - start], parts[f"layers.{i}.v"][a - start : b - start]
-            n = b - a
-            if n % bs:
-                buf = kernels.gather_kv_blocks(cache, ids, layout=bl)
-            else:
-                buf = torch.empty((2, len(ids), bs, *k.shape[1:]), dtype=cache.dtype,
-                                  device=cache.device)
-            buf[0].reshape(-1, *k.shape[1:])[:n].copy_(k)
-            buf[1].reshape(-1, *v.shape[1:])[:n].copy_(v)
-            kernels.scatter_kv_blocks(cache, ids, buf, layout=bl)
+        slots; ``payload.paged.scatter_paged_kv``)."""
+        lay = kv_layout(self.geometry, payload_tokens(self.geometry, payload))
+        scatter_paged_kv(lay, payload, self._caches(), self._tables(block_ids, a, b),
+                         block_layout=KV_FIRST, tokens=(a - start, b - start))
 
     # ---------------------------------------------------------------- states
     def gather_state(self, blocks: Mapping[int, int]) -> torch.Tensor:

@@ -5,9 +5,10 @@ SuffixReplay's token-wise sparse anchors: anchors live at page granularity
 ``anchor_keep`` positions of the page (density ``rho`` = ``config.anchor_density``; the
 tokens nearest the page boundary, which the paper finds most stable, and never fewer than
 the causal convs of a group need to continue exactly) of one hidden state per recurrent
-group (``ModelGeometry.anchor_bytes_per_token``). This is the one definition of an anchor
-block's size: the cache validates payloads against it and the transformers runtime packs
-to it.
+group (``ModelGeometry.anchor_bytes_per_token``). The size rule itself (``anchor_keep``,
+``anchor_block_bytes``) is the geometry's (``hybrid_connector.geometry.anchors``), so the
+payload layout packs to it without depending on policies; it is re-exported here for the
+policies that price anchor pages.
 
 Coupling to KV is lazy and one-way: a page's anchor block is saved only alongside KV the
 request computed (never for loaded tokens, never before the page is complete), it hangs
@@ -20,29 +21,9 @@ are approximate and labelled so.
 
 from __future__ import annotations
 
-import math
+from hybrid_connector.geometry.anchors import anchor_block_bytes, anchor_keep
 
-from hybrid_connector.geometry.model import ModelGeometry
-
-
-def anchor_keep(geometry: ModelGeometry, page: int, density: float) -> int:
-    """Positions one page's anchor block keeps: ``ceil(page * density)``, but at least
-    ``(conv_kernel - 1) * L`` (L the longest recurrent group: the conv state of the j-th
-    layer of a group is exact only when the last ``j * (kernel - 1)`` inputs of the group
-    are contiguous) and at most ``page``. Raises ValueError for a bad page or density."""
-    if page <= 0 or not 0 < density <= 1:
-        raise ValueError(f"need page > 0 and 0 < density <= 1, got {page}, {density}")
-    kernels = [d.conv_kernel for d in (geometry.mamba2, geometry.mamba1, geometry.gdn,
-                                       geometry.short_conv) if d is not None]
-    depth = max((len(g) for g in geometry.recurrent_groups()), default=1)
-    min_keep = (max(kernels, default=1) - 1) * depth
-    return min(page, max(1, min_keep, math.ceil(page * density)))
-
-
-def anchor_block_bytes(geometry: ModelGeometry, page: int, density: float) -> int:
-    """Bytes of one page's anchor block: ``anchor_keep`` positions times
-    ``anchor_bytes_per_token``. Raises ValueError for a bad page or density."""
-    return anchor_keep(geometry, page, density) * geometry.anchor_bytes_per_token()
+__all__ = ["anchor_block_bytes", "anchor_keep", "anchor_pages"]
 
 
 def anchor_pages(computed_from: int, end: int, page: int) -> list[tuple[int, int]]:

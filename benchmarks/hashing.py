@@ -33,7 +33,7 @@ from hybrid_connector.core.hashes import ChainHasher  # noqa: E402
 from hybrid_connector.core.keys import ObjectKind, PrefixHasher  # noqa: E402
 from hybrid_connector.geometry.presets import get_preset  # noqa: E402
 from hybrid_connector.index.plan import SaveItem  # noqa: E402
-from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload  # noqa: E402
+from hybrid_connector.tiers.size_only import Budget, SizeOnlyStore, zero_payload  # noqa: E402
 
 CHUNK = 256
 

@@ -104,8 +104,8 @@ def eviction_microbench(n_sessions: int = 60) -> dict[str, float]:
     from hybrid_connector.core.config import load_config
     from hybrid_connector.policies.eviction.marconi import MarconiEviction
     from hybrid_connector.policies.eviction.marconi_fullwalk import FullWalkMarconi
-    from hybrid_connector.sim.engine import Simulator
-    from hybrid_connector.sim.store import Budget
+    from hybrid_connector.runtime.simulator import Simulator
+    from hybrid_connector.tiers.size_only import Budget
 
     geo = get_preset(MODEL)
     cfg = load_config(None, {"chunk_size": 256, "hash_block_size": 256, "alignment": 1}, environ={})

@@ -3,8 +3,8 @@ integrations, cache server) builds its policies, stores, indexes and caches here
 validated config. Nothing below this module imports a factory: the index receives its
 policies, the policies receive the alpha tuner's replayer.
 
-* ``policies(config)``: eviction (with the simulator's replayer for ``alpha: auto``) and
-  admission.
+* ``policies(config)``: eviction (with the size-only tuner caches of
+  ``runtime.tuner_caches`` for ``alpha: auto``) and admission.
 * ``store(config)``: the ``ObjectStore`` the config's tiers make (a ``TieredStore``).
 * ``cache(config, geometry)``: an embedded ``HybridCache`` (index + this process's bytes).
 * ``engine_cache(config, geometry)``: what an engine integration uses: the embedded cache,
@@ -26,7 +26,7 @@ from hybrid_connector.policies import build
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.remote.client.server_cache import ServerCache
 from hybrid_connector.runtime.cache import HybridCache
-from hybrid_connector.sim.trace_replay import default_replayer_factory, default_shadow_factory
+from hybrid_connector.runtime.tuner_caches import default_replayer_factory, default_shadow_factory
 from hybrid_connector.tiers.backend import Backend
 from hybrid_connector.tiers.manager import build_store
 from hybrid_connector.tiers.store import ObjectStore

@@ -40,9 +40,9 @@ from hybrid_connector.core.config import HybridConfig, load_config
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.runtime.session import RequestSession
+from hybrid_connector.runtime.simulator import Simulator
 from hybrid_connector.sim.baselines import vllm_align_block
-from hybrid_connector.sim.engine import Simulator
-from hybrid_connector.sim.store import Budget, zero_payload
+from hybrid_connector.tiers.size_only import Budget, zero_payload
 
 UNLIMITED = 1 << 50
 

@@ -6,7 +6,8 @@ corrected accounting (GQA-aware node-local bytes, per-family FLOPs); ``marconi_r
 objective. ``alpha: auto`` gets a tuner built at the first eviction: with ``alpha_tuner:
 shadow`` (default) a ``ShadowTuner`` over twin caches from the injected ``shadows``, with
 ``window`` an ``AlphaTuner`` over the injected ``replayers`` (``hybrid_connector.assemble``
-passes the simulator's: the policies never import the cache or the simulator).
+passes the size-only caches of ``hybrid_connector.runtime.tuner_caches``: the policies never
+import the cache).
 
 ``admission``: ``marconi`` (wrapped in ``PlacementAdmission`` when ``placement_slots`` >
 0), ``every_block`` (vLLM-style, one checkpoint per ``chunk_size``), ``last_token``.

@@ -1,2 +1,3 @@
-"""Policy simulator: trace formats and generators, a size-only store, the replay loop
-through the real ``HybridCache``, baselines, and the ``simulate``/``gen-trace`` CLI."""
+"""Policy simulator: trace formats and generators, trace replay through the real
+``HybridCache`` (``runtime.simulator.Simulator`` over ``tiers.size_only.SizeOnlyStore``),
+baselines, and the ``simulate``/``gen-trace`` CLI."""

@@ -45,8 +45,8 @@ from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.policies.tuning.base import Tuner
 from hybrid_connector.policies.tuning.grid import DEFAULT_GRID, AlphaTuner
 from hybrid_connector.policies.tuning.shadow import ShadowTuner
-from hybrid_connector.sim.store import Budget
-from hybrid_connector.sim.trace_replay import CacheReplayer, shadow_factory
+from hybrid_connector.runtime.tuner_caches import CacheReplayer, shadow_factory
+from hybrid_connector.tiers.size_only import Budget
 
 # What every spec shares unless it overrides: token-granular hits like the reference.
 SIM_BASE: dict[str, Any] = {"chunk_size": 256, "hash_block_size": 256, "alignment": 1}

@@ -140,7 +140,7 @@ def _policy_spec(cfg: HybridConfig, grid: tuple[float, ...] | None) -> Any:
 def _cache_size(cfg: HybridConfig, size: str | None) -> tuple[Any, str]:
     """``--size`` as a pooled total, else the config's per-kind budgets; and a line saying
     which. Raises ValueError for a bad size or a config without any pool budget."""
-    from hybrid_connector.sim.store import Budget
+    from hybrid_connector.tiers.size_only import Budget
 
     if size is not None:
         total = _parse_size(size)

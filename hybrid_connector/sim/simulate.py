@@ -31,11 +31,11 @@ from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.policies import build
 from hybrid_connector.policies.base import EvictionPolicy
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.runtime.simulator import Simulator
 from hybrid_connector.sim.baselines import PolicySpec
-from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.prefill import PrefillModel
-from hybrid_connector.sim.store import Budget
 from hybrid_connector.sim.traces import Record
+from hybrid_connector.tiers.size_only import Budget
 
 
 @dataclass

@@ -24,11 +24,11 @@ from cache_support import (
 from hybrid_connector import assemble
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.index.plan import SaveItem
-from hybrid_connector.sim.store import Budget, SizeOnlyStore
 from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.host import HostTier
 from hybrid_connector.tiers.manager import TieredStore, build_store
 from hybrid_connector.tiers.memory import MemoryTier
+from hybrid_connector.tiers.size_only import Budget, SizeOnlyStore
 
 KVB = TINY.kv_bytes_per_token()
 SB = TINY.state_bytes()

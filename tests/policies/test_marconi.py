@@ -13,9 +13,9 @@ from hybrid_connector.policies.eviction.accounting import ReferenceAccounting
 from hybrid_connector.policies.eviction.lru import LRUEviction
 from hybrid_connector.policies.eviction.marconi import MarconiEviction, recency, utility
 from hybrid_connector.policies.eviction.marconi_fullwalk import FullWalkMarconi
-from hybrid_connector.sim.engine import Simulator
-from hybrid_connector.sim.store import Budget
+from hybrid_connector.runtime.simulator import Simulator
 from hybrid_connector.sim.traces import agentic, multi_turn_chat, shared_document_qa
+from hybrid_connector.tiers.size_only import Budget
 
 
 def test_recency_and_utility_formulas() -> None:

@@ -9,8 +9,8 @@ import pytest
 from hybrid_connector.core.config import load_config
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.policies.eviction.marconi import MarconiEviction, product_utility, utility
-from hybrid_connector.sim.engine import Simulator
-from hybrid_connector.sim.store import Budget
+from hybrid_connector.runtime.simulator import Simulator
+from hybrid_connector.tiers.size_only import Budget
 
 RNG = np.random.default_rng(7)
 

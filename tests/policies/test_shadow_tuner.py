@@ -12,11 +12,11 @@ from hybrid_connector.geometry.presets import get_preset
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.policies.tuning.base import LRU, Candidate, TunerRequest
 from hybrid_connector.policies.tuning.shadow import ShadowTuner, candidates
+from hybrid_connector.runtime.simulator import Simulator
 from hybrid_connector.sim.baselines import baseline_specs
-from hybrid_connector.sim.engine import Simulator
 from hybrid_connector.sim.simulate import run_once
-from hybrid_connector.sim.store import Budget
 from hybrid_connector.sim.traces import GENERATORS
+from hybrid_connector.tiers.size_only import Budget
 
 
 class Scripted:

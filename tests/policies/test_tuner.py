@@ -9,10 +9,10 @@ from hybrid_connector.policies.admission.checkpoints import MarconiAdmission
 from hybrid_connector.policies.eviction.accounting import CorrectedAccounting
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.policies.tuning.grid import AlphaTuner, TunerRequest
-from hybrid_connector.sim.engine import Simulator
-from hybrid_connector.sim.store import Budget
-from hybrid_connector.sim.trace_replay import CacheReplayer
+from hybrid_connector.runtime.simulator import Simulator
+from hybrid_connector.runtime.tuner_caches import CacheReplayer
 from hybrid_connector.sim.traces import agentic, multi_turn_chat
+from hybrid_connector.tiers.size_only import Budget
 
 
 def _req(n: int) -> tuple[np.ndarray, int]:

@@ -10,12 +10,12 @@ import pytest
 from hybrid_connector.cli import main
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.runtime.simulator import Simulator, anchor_page_bytes
 from hybrid_connector.sim.baselines import baseline_specs, vllm_align_block
-from hybrid_connector.sim.engine import Simulator, anchor_page_bytes
 from hybrid_connector.sim.prefill import PrefillModel
 from hybrid_connector.sim.simulate import run_once, run_spec
-from hybrid_connector.sim.store import Budget
 from hybrid_connector.sim.traces import agentic, multi_turn_chat, save_jsonl
+from hybrid_connector.tiers.size_only import Budget
 
 
 def test_step_semantics(geo, sim_config) -> None:
@@ -204,7 +204,7 @@ def test_simulator_paths_close_every_cache_they_build(geo, sim_config, monkeypat
     from hybrid_connector.policies.eviction.accounting import CorrectedAccounting
     from hybrid_connector.policies.tuning.grid import TunerRequest
     from hybrid_connector.runtime.cache import HybridCache
-    from hybrid_connector.sim.trace_replay import CacheReplayer
+    from hybrid_connector.runtime.tuner_caches import CacheReplayer
 
     built, closed = [], []
     init, close = HybridCache.__init__, HybridCache.close

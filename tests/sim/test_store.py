@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
+from hybrid_connector.tiers.size_only import Budget, SizeOnlyStore, zero_payload
 
 
 def key(kind: ObjectKind, end: int) -> ObjectKey:

@@ -1,6 +1,6 @@
 """Shadow tuning: one metadata-only twin cache per candidate, fed every live request.
 
-Why not replay windows (``tuner.py``): a window replayed from a cold cache scores mostly
+Why not replay windows (``grid.py``): a window replayed from a cold cache scores mostly
 its own warm-up, and neighbouring alphas then differ by noise (a choice below LRU on
 traces where LRU is best). Here each candidate (a ``Candidate``: an alpha, a score, and
 whether an access refreshes the whole path or its last node) owns a *shadow*: a size-only cache with the live

@@ -1,6 +1,7 @@
-"""``SizeOnlyStore``: a store that accounts bytes and keeps no data.
+"""``SizeOnlyStore``: an ``ObjectStore`` (a ``TieredStore`` over one ``SizeOnlyTier``) that
+accounts bytes and keeps no data.
 
-For the simulator: payloads are zero-stride views (``zero_payload(n)`` =
+For the simulator and the alpha tuners' caches (``runtime.simulator``): payloads are zero-stride views (``zero_payload(n)`` =
 ``torch.zeros(1, dtype=torch.uint8).expand(n)``), so a "1 GiB" object costs one byte of
 memory; the tier records only the key and ``numel() * element_size()``. Kinds are grouped
 into pools that share one byte budget (the ledger's ``TierSpec.kind_pool``): one pool

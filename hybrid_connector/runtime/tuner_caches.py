@@ -1,8 +1,11 @@
-"""Replayers for the alpha tuner: re-run a window of requests through a fresh cache.
+"""The caches the alpha tuners score candidates on (``policies.tuning``): size-only
+``HybridCache``s driven by the ``Simulator``. ``hybrid_connector.assemble`` hands
+``default_replayer_factory`` / ``default_shadow_factory`` to ``policies.build`` (the
+policies never import the cache).
 
 ``CacheReplayer(...)(window, alpha, eval_from)`` builds an empty ``HybridCache`` over a
 ``SizeOnlyStore`` with the live cache's budget, admission and accounting and a fixed-alpha
-``MarconiEviction``, replays the window with the simulator's loop, and returns the
+``MarconiEviction``, runs the window through a ``Simulator``, and returns the
 objective summed over ``window[eval_from:]``: FLOPs saved by hits (``"flops"``, measured with
 the policy's own accounting, so ``marconi_reference`` tunes on the reference's FLOPs) or
 hit tokens (``"token_hits"``). Pure: every call starts from nothing and closes its cache.
@@ -24,8 +27,8 @@ from hybrid_connector.policies.eviction.accounting import Accounting
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.policies.tuning.base import Candidate, TunerRequest
 from hybrid_connector.policies.tuning.shadow import ShadowFactory
-from hybrid_connector.sim.engine import Simulator
-from hybrid_connector.sim.store import Budget
+from hybrid_connector.runtime.simulator import Simulator
+from hybrid_connector.tiers.size_only import Budget
 
 OBJECTIVES = ("flops", "token_hits")
 

@@ -1,4 +1,7 @@
-"""The replay loop: drive the real ``HybridCache`` the way an engine would, request by request.
+"""``Simulator``: the real ``HybridCache`` over a ``SizeOnlyStore``, driven the way an engine
+would, request by request. The policy simulator (``hybrid_connector.sim``) replays traces
+with it and the alpha tuners score candidates with it (``runtime.tuner_caches``), which is
+why it sits in the runtime layer, below the composition root that hands the tuners over.
 
 For each request, in trace order (a logical clock, no concurrency, as the reference does),
 a ``RequestSession`` runs it the way every engine integration does: lookup and load (the
@@ -27,7 +30,7 @@ from hybrid_connector.policies.admission.anchors import anchor_block_bytes, anch
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.runtime.cache import HybridCache
 from hybrid_connector.runtime.session import RequestSession
-from hybrid_connector.sim.store import Budget, SizeOnlyStore, zero_payload
+from hybrid_connector.tiers.size_only import Budget, SizeOnlyStore, zero_payload
 
 
 @dataclass(frozen=True)

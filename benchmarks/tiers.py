@@ -12,8 +12,8 @@ here on the same bytes:
 * remote: a raw client round trip of the same bytes (lm: the raw socket PUT+EXIST / GET;
   redis: ``SET``/``GET`` of raw bytes), no header, checksum or index.
 
-Each figure is the best of ``--reps`` interleaved runs (baseline and tier alternate). Targets: host >= 0.8 of memcpy,
-nvme >= 0.7 of plain file IO; the script prints whether each is met.
+Each figure is the best of ``--reps`` interleaved runs (baseline and tier alternate). A
+summary gives each tier's worst ratio over kinds, put and get.
 
 Then zstd ratio and speed on real recurrent states: a tiny Qwen3.5 (``tiny_hf_config``)
 runs a forward pass with ``use_cache=True`` over a batch of prompts; each sequence's conv
@@ -66,7 +66,9 @@ from hybrid_connector.tiers.remote import LmClient, RedisClient, RemoteTier
 from hybrid_connector.tiers.tier import Tier
 
 K = ObjectKind
-TARGETS = {"host": 0.8, "nvme": 0.7}
+# tier -> the baseline its summary line names
+BASELINES = {"device": "memcpy", "host": "memcpy", "nvme": "plain file IO",
+             "nvme-nv": "plain file IO", "lm": "the raw lm:// client", "redis": "the raw redis client"}
 
 
 def best(fn: Callable[[], None], reps: int, setup: Callable[[], None] | None = None) -> float:
@@ -444,19 +446,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['tier']:7} {r['kind']:7} {r['MB']:7.1f} {r['limit']:10} {r['put_GBps']:9.2f} "
               f"{r['limit_put_GBps']:7.2f} {r['put_ratio']:6.2f} {r['get_GBps']:9.2f} "
               f"{r['limit_get_GBps']:7.2f} {r['get_ratio']:6.2f}")
-    print("\nTargets (worst ratio over kinds, put and get; nvme = the default, verified reads):")
+    print("\nWorst ratio over kinds, put and get, against the baseline measured in this run "
+          "(1.0: as fast as the baseline; nvme verifies every read, nvme-nv does not):")
     if args.quick:
-        print("  (quick mode: few runs of few objects; on a loaded machine these verdicts are "
+        print("  (quick mode: few runs of few objects; on a loaded machine these ratios are "
               "indicative only, run without --quick for the real figures)")
-    verdicts = {}
-    for tier, target in TARGETS.items():
-        mine = [min(r["put_ratio"], r["get_ratio"]) for r in rows if r["tier"] == tier]
-        if mine:
-            worst = min(mine)
-            verdicts[tier] = worst >= target
-            print(f"  {tier:5} >= {target:.1f} of {'memcpy' if tier == 'host' else 'plain file IO'}: "
-                  f"worst {worst:.3f} -> {'MET' if worst >= target else 'NOT MET'}")
-    results["targets_met"] = verdicts
+    worst_ratio = {}
+    for tier in dict.fromkeys(r["tier"] for r in rows):
+        mine = [r for r in rows if r["tier"] == tier]
+        low = min(mine, key=lambda r: min(r["put_ratio"], r["get_ratio"]))
+        op = "put" if low["put_ratio"] <= low["get_ratio"] else "get"
+        worst_ratio[tier] = round(low[f"{op}_ratio"], 3)
+        print(f"  {tier:7} {worst_ratio[tier]:.3f} of {BASELINES.get(tier, low['limit'])} "
+              f"({low['kind']} {op})")
+    results["worst_ratio"] = worst_ratio
 
     states = state_checkpoints(batch=8 if args.quick else 32, tokens=64 if args.quick else 256)
     z = bench_zstd(states, (1, 3) if args.quick else (1, 3, 9))

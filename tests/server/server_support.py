@@ -18,10 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import uvloop
 import yaml
+from fault_support import GEO, save_conversation
 
 from hybrid_connector.core.config import HybridConfig, load_config
+from hybrid_connector.remote.client.server_cache import ServerCache
 from hybrid_connector.server.app import Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +71,18 @@ def client_config(url: str, **extra: Any) -> HybridConfig:
     """An engine config in server mode against ``url``."""
     return load_config(overrides={"cache_server": {"url": url, **extra.pop("client", {})},
                                   **extra}, environ={})
+
+
+def save_and_close(cfg: HybridConfig, prompt: np.ndarray, model_id: str = "") -> str:
+    """One conversation (``fault_support.save_conversation``) saved by a client of its own
+    in server mode (``cfg``: ``client_config``), closed before returning, so the server
+    holds the objects and no session of that client; returns the model fingerprint."""
+    writer = ServerCache(cfg, GEO, model_id=model_id)
+    try:
+        save_conversation(writer, prompt)
+    finally:
+        writer.close()
+    return writer.fingerprint
 
 
 _LISTEN = re.compile(r"listening on (hc://\S+) .*?(?:http on (http://\S+))?$")

@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 from fault_support import GEO, healthy, loads_intact, payload, save_conversation, wait_for
 from raw_client import Raw, lm_key
-from server_support import client_config, served, server_config
+from server_support import client_config, save_and_close, served, server_config
 
 from hybrid_connector import assemble
 from hybrid_connector.core.config import HybridConfig, load_config
@@ -85,10 +85,8 @@ def test_models_are_capped_and_unused_empty_ones_are_freed(tmp_path: Path) -> No
                 assert hello(r, cfg, "flood", f"flood-{i}")[0] == Code.OK
             assert len(models.caches()) <= 4  # the unused empty ones were freed at the cap
         assert models.freed >= 46
-        keeper = ServerCache(cfg, GEO, model_id="keeper")  # a model holding objects
-        save_conversation(keeper, prompt_of(1))
-        keeper.close()
-        kept = models.by_fingerprint[keeper.fingerprint]
+        keeper = save_and_close(cfg, prompt_of(1), model_id="keeper")  # a model holding objects
+        kept = models.by_fingerprint[keeper]
         assert wait_for(lambda: not server.service.stats()["server"]["connections"])
         held = [Raw(server.url) for _ in range(3)]
         try:
@@ -174,9 +172,7 @@ def test_leases_per_session_are_capped(tmp_path: Path) -> None:
     # lease_timeout_s 600: none expires during 2,000 ACQUIREs on a loaded host
     with served(limited(tmp_path, max_leases_per_session=8, lease_timeout_s=600.0)) as server:
         cfg = client_config(server.url, chunk_size=256)
-        writer = ServerCache(cfg, GEO)
-        save_conversation(writer, prompt_of(3))
-        writer.close()
+        save_and_close(cfg, prompt_of(3))
         with Raw(server.url) as r:
             assert hello(r, cfg, "hoarder")[0] == Code.OK
             plan = plan_of(r, prompt_of(3))
@@ -198,9 +194,7 @@ def test_leases_expire_while_the_session_keeps_its_connection_alive(tmp_path: Pa
     ACQUIREs on a loaded host, and ``idle_timeout_s`` (60 s) never cuts the connection."""
     with served(limited(tmp_path, lease_timeout_s=5.0, idle_timeout_s=60.0)) as server:
         cfg = client_config(server.url, chunk_size=256)
-        writer = ServerCache(cfg, GEO)
-        save_conversation(writer, prompt_of(4))
-        writer.close()
+        save_and_close(cfg, prompt_of(4))
         with Raw(server.url) as r:
             assert hello(r, cfg, "squatter")[0] == Code.OK
             plan = plan_of(r, prompt_of(4))

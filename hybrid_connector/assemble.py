@@ -45,10 +45,10 @@ def store(config: HybridConfig, device: torch.device | str | None = None) -> Obj
     return build_store(config, device=device)
 
 
-def cache(config: HybridConfig, geometry: ModelGeometry, backend: Backend | None = None, *,
+def cache(config: HybridConfig, geometry: ModelGeometry, backend: ObjectStore | None = None, *,
           eviction: EvictionPolicy | None = None, admission: AdmissionPolicy | None = None,
           layout: dict[str, object] | None = None, model_id: str = "") -> HybridCache:
-    """An embedded cache over ``backend`` (default: the config's tiers)."""
+    """An embedded cache over the ``ObjectStore`` ``backend`` (default: the config's tiers)."""
     return HybridCache(config, geometry, backend if backend is not None else store(config),
                        policies(config, eviction, admission), layout=layout, model_id=model_id)
 
@@ -56,7 +56,8 @@ def cache(config: HybridConfig, geometry: ModelGeometry, backend: Backend | None
 EngineCache = HybridCache | ServerCache
 
 
-def engine_cache(config: HybridConfig, geometry: ModelGeometry, backend: Backend | None = None,
+def engine_cache(config: HybridConfig, geometry: ModelGeometry,
+                 backend: ObjectStore | None = None,
                  *, eviction: EvictionPolicy | None = None,
                  admission: AdmissionPolicy | None = None,
                  layout: dict[str, object] | None = None, model_id: str = "") -> EngineCache:
@@ -75,6 +76,7 @@ def engine_cache(config: HybridConfig, geometry: ModelGeometry, backend: Backend
 def index(config: HybridConfig, geometry: ModelGeometry, backend: Backend, *,
           eviction: EvictionPolicy | None = None, admission: AdmissionPolicy | None = None,
           layout: dict[str, object] | None = None, model_id: str = "") -> CacheIndex:
-    """An index alone over ``backend`` (its ops run wherever the bytes are)."""
+    """An index alone over ``backend``, a store's ledger half (an ``ObjectStore``, or a bare
+    ``Backend`` when the bytes live in another process: its ops run wherever they are)."""
     return CacheIndex(config, geometry, backend, policies(config, eviction, admission),
                       layout=layout, model_id=model_id)

@@ -26,7 +26,7 @@ from hybrid_connector.geometry.presets import load_geometry
 from hybrid_connector.runtime.cache import HybridCache
 from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.sim.traces import multi_turn_chat
-from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.store import ObjectStore
 from hybrid_connector.tree.radix import IntegrityError
 
 
@@ -41,7 +41,7 @@ def fake_payload(tokens: np.ndarray, kind: ObjectKind, start: int, end: int, nby
     return torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=gen)
 
 
-def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: Backend, records: list[dict[str, Any]],
+def run_demo(cfg: HybridConfig, geo: ModelGeometry, store: ObjectStore, records: list[dict[str, Any]],
              progress: bool = True) -> HybridCache:
     """Replay ``records`` through a cache over ``store``; verify every load; return the cache.
     Raises ``CorruptLoad`` for a mismatching load and ``IntegrityError`` for a broken index

@@ -1,5 +1,5 @@
 """``HybridCache``: embedded mode. A ``CacheIndex`` (what is known) and this process's
-``Executor`` (the bytes) over one ``Backend``, behind the API an engine drives::
+``Executor`` (the bytes) over one ``ObjectStore``, behind the API an engine drives::
 
     plan = cache.lookup(prompt)            # scheduler side, no side effects
     saves = cache.plan_saves(prompt)       # where admission wants checkpoints
@@ -42,9 +42,9 @@ from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveItem, SaveResu
 from hybrid_connector.index.saving import SaveTicket
 from hybrid_connector.index.state import CacheStats, Lease, Policies, check_alignment
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
-from hybrid_connector.tiers.backend import Backend
 from hybrid_connector.tiers.executor import Executor
 from hybrid_connector.tiers.ops import Op
+from hybrid_connector.tiers.store import ObjectStore
 from hybrid_connector.tree.radix import RadixTree
 
 __all__ = ["CacheStats", "HybridCache", "Lease", "check_alignment"]
@@ -52,12 +52,12 @@ log = logging.getLogger(__name__)
 
 
 class HybridCache:
-    """Prefix cache for one model fingerprint over one ``Backend`` whose bytes live in this
+    """Prefix cache for one model fingerprint over one ``ObjectStore`` whose bytes live in this
     process (``store.executor`` is required). See ``CacheIndex`` for ``layout`` and
     ``model_id``; ``hybrid_connector.assemble`` builds the policies and the store from a
     config."""
 
-    def __init__(self, config: HybridConfig, geometry: ModelGeometry, store: Backend,
+    def __init__(self, config: HybridConfig, geometry: ModelGeometry, store: ObjectStore,
                  policies: Policies, layout: dict[str, object] | None = None,
                  model_id: str = "") -> None:
         if store.executor is None:

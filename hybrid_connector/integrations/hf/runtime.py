@@ -56,7 +56,7 @@ from hybrid_connector.integrations.hf.state import HFStateAdapter, model_forward
 from hybrid_connector.payload.layout import anchor_layout
 from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.runtime.suffix_replay import ReplayGate
-from hybrid_connector.tiers.backend import Backend
+from hybrid_connector.tiers.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class HFRuntime:
         self.recorder = AnchorRecorder(model, self.layout).attach() if want else None
 
     @classmethod
-    def create(cls, model: Any, config: HybridConfig, store: Backend | None = None, *,
+    def create(cls, model: Any, config: HybridConfig, store: ObjectStore | None = None, *,
                anchors: bool | None = None, gate: ReplayGate | None = None,
                alignment: int = 1, **cache_kwargs: Any) -> HFRuntime:
         """Build the cache for ``model`` (geometry and layout fingerprinted; embedded over

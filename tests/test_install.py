@@ -66,7 +66,8 @@ def test_the_wheel_installs_beside_hugging_faces_kernels(tmp_path: Path) -> None
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
     python = venv / "bin" / "python"
-    hf = pip("--python", str(python), "install", "--no-deps", "-q", HF_KERNELS, cwd=tmp_path)
+    hf = pip("--python", str(python), "install", "--no-deps", "-q", "--timeout", "20",
+             "--retries", "1", HF_KERNELS, cwd=tmp_path)  # offline: a skip within a minute
     if hf.returncode != 0:
         pytest.skip(f"pip could not install {HF_KERNELS} from a package index (offline?): "
                     f"{hf.stderr.strip().splitlines()[-1:]}")

@@ -20,7 +20,9 @@ reach once they land). Store failures never corrupt the index: an object the tie
 unindexed (a leased checkpoint when its lease is released), and the index heals when the
 engine saves it again.
 
-Thread safety: one re-entrant lock per index; the backend's lock is taken inside it.
+Thread safety: one re-entrant lock per index; the ledger takes its own inside it. The
+per-key bookkeeping (placement, pending puts, doomed objects, leases, ops left for the
+workers) changes only through the ``StateTable``'s methods (``IndexCore.table``).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class CacheIndex(IndexCore):
         backend.attach(self.fingerprint, StoreHooks(
             self._on_store_drop, self._merits_demotion, self._anchors_of_chunk,
             self.tier_value))
-        with backend.lock:
+        with self.ledger.lock:
             if valued:
                 self.ledger.value_window = config.tier_value_window
             for key in self.ledger.held():
@@ -98,8 +100,9 @@ class CacheIndex(IndexCore):
             m = self.tree.match(arr)
             hit = self._find(m, arr.size, align, use_replay, self.usable)
             pending = 0
-            if self.pending:
-                later = self._find(m, arr.size, align, use_replay, lambda k: k not in self.doomed)
+            if self.table.has_pending:
+                later = self._find(m, arr.size, align, use_replay,
+                                   lambda k: not self.table.is_doomed(k))
                 pending = later.p if later.p > hit.p else 0
             if not hit.p or hit.node is None:
                 return LoadPlan(0, True, kv_tokens=hit.kv_reach, matched_tokens=m.length,
@@ -144,7 +147,7 @@ class CacheIndex(IndexCore):
               anchors: Sequence[ObjectRef], reach: int, matched: int, node: Node, align: int,
               pending: int) -> LoadPlan:
         refs = [*kv, *([state] if state else []), *anchors]
-        with self.backend.lock:
+        with self.ledger.lock:  # one view of the tiers for the whole plan
             tiers = [self.ledger.where(r.key) for r in refs]
         if any(t is None for t in tiers):
             # The index lags the tiers (a silent loss): never promise what cannot be read.
@@ -184,7 +187,7 @@ class CacheIndex(IndexCore):
         with self.lock:
             m = self.tree.match(arr)
             positions = self.admission.state_positions(self.tree, m, arr, align)
-            _, reach = kv_chain(m, self.max_kv_len, lambda k: k not in self.doomed,
+            _, reach = kv_chain(m, self.max_kv_len, lambda k: not self.table.is_doomed(k),
                                 needs_kv=self.needs_kv)
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), branch_point(m, int(arr.size)), kv_from)
@@ -198,32 +201,28 @@ class CacheIndex(IndexCore):
             return None
         with self.lock:
             node = self.tree.node(plan.node_id)
-            if node is None or any(self.where.get(o.ref.key) is None or not self.usable(o.ref.key)
+            table = self.table
+            if node is None or any(o.ref.key not in table or not table.usable(o.ref.key)
                                    for o in plan.objects):
                 return None
             kv_nodes = tuple(sorted({self.deepest_holder(node, plan.num_tokens).id}
-                                    | {self.where[o.ref.key] for o in plan.kv}))
+                                    | {table.node_of(o.ref.key) or 0 for o in plan.kv}))
             for nid in kv_nodes:
                 self.tree.lock_kv(self._node(nid))
             state_node = 0
             if plan.state is not None:
                 self.tree.lock_state(node)
                 state_node = node.id
-            anchor_nodes = tuple(sorted({self.where[o.ref.key] for o in plan.anchors}))
+            anchor_nodes = tuple(sorted({table.node_of(o.ref.key) or 0 for o in plan.anchors}))
             for nid in anchor_nodes:
                 self.tree.lock_anchors(self._node(nid))
             keys = tuple(o.ref.key for o in plan.objects)
-            with self.backend.lock:
-                self.ledger.pin(keys)
-                self.ledger.touch(keys)
+            self.ledger.pin(keys)
+            self.ledger.touch(keys)
             self.clock += 1
             self.eviction.on_access(self.tree.path_to(node), self.clock)
             node.hits += 1
-            lease = Lease(self._next_lease, kv_nodes, state_node, anchor_nodes, keys)
-            self._next_lease += 1
-            self.leases[lease.id] = lease
-            self.leased.update(keys)
-            return lease
+            return table.open_lease(kv_nodes, state_node, anchor_nodes, keys)
 
     def release(self, lease: Lease | None, promote: bool = True) -> None:
         """Drop the locks of ``acquire`` (safe with ``None``), unindex what was lost while
@@ -232,26 +231,21 @@ class CacheIndex(IndexCore):
         if lease is None:
             return
         with self.lock:
-            if self.leases.pop(lease.id, None) != lease:
-                raise ValueError(f"lease {lease.id} was already released (or is not this index's)")
+            table = self.table
+            table.close_lease(lease)  # ValueError for a lease released already
             for nid in lease.kv_nodes:
                 self.tree.lock_kv(self._node(nid), -1)
             if lease.state_node:
                 self.tree.lock_state(self._node(lease.state_node), -1)
             for nid in lease.anchor_nodes:
                 self.tree.lock_anchors(self._node(nid), -1)
-            self.leased.subtract(lease.keys)
-            for key in lease.keys:
-                if self.leased[key] <= 0:
-                    del self.leased[key]
-            with self.backend.lock:
-                self.ledger.pin(lease.keys, -1)
-                if promote:
-                    for key in lease.keys:
-                        if key in self.where and key not in self.leased:
-                            self.reclaim.apply(self.ledger.promote(key))
-            for key in [k for k in lease.keys if k in self.doomed]:
-                self.reclaim.unindex(key)
+            self.ledger.pin(lease.keys, -1)
+            if promote:
+                for key in lease.keys:
+                    if key in table and not table.is_leased(key):
+                        self.issue(self.reclaim.apply(self.ledger.promote(key)))
+            for key in [k for k in lease.keys if table.is_doomed(k)]:
+                self.issue(self.reclaim.unindex(key))
 
     # ---------------------------------------------------------------- loads
     def report_load(self, plan: LoadPlan, failed: Sequence[ObjectKey]) -> None:
@@ -263,27 +257,36 @@ class CacheIndex(IndexCore):
         tiers = {o.ref.key: o.tier for o in plan.objects}
         with self.lock:
             self.stats.load_failures += 1
-            with self.backend.lock:
-                for key in failed:
-                    self.reclaim.apply(self.ledger.lost(key, tiers.get(key)))
             for key in failed:
-                if key in self.where and self.ledger.where(key) is None and key not in self.pending:
-                    self.reclaim.unindex(key)
+                self.issue(self.reclaim.apply(self.ledger.lost(key, tiers.get(key))))
+            for key in failed:
+                if (key in self.table and self.ledger.where(key) is None
+                        and not self.table.is_pending(key)):
+                    self.issue(self.reclaim.unindex(key))
 
     # ---------------------------------------------------------------- saves
     def begin_save(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
                    hashes: Hashes | None = None, start: tuple[int, int] | None = None) -> SaveTicket:
-        """See ``Saver.begin``."""
-        return self.saver.begin(tokens, specs, hashes, start)
+        """See ``Saver.begin``. Ops left by earlier calls and not drained yet run first (they
+        were decided first)."""
+        with self.lock:
+            ticket, foreign = self.saver.begin(tokens, specs, hashes, start)
+            ticket = ticket.behind(self.table.take_ops())
+            self.table.queue_foreign(foreign)
+        self.deliver_foreign_drops()
+        return ticket
 
     def complete_save(self, ticket: SaveTicket, indices: Sequence[int],
                       results: Sequence[bool]) -> None:
-        """See ``Saver.complete``."""
-        self.saver.complete(ticket, indices, results)
+        """See ``Saver.complete``; the ops it leaves go to ``drain``."""
+        with self.lock:
+            self.issue(self.saver.complete(ticket, indices, results))
+        self.deliver_foreign_drops()
 
     def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
-        """See ``Saver.finish``."""
-        self.saver.finish(tokens, prompt_len)
+        """See ``Saver.finish``; the ops it leaves go to ``drain``."""
+        with self.lock:
+            self.issue(self.saver.finish(tokens, prompt_len))
 
     # ---------------------------------------------------------------- sharing
     def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,
@@ -297,8 +300,10 @@ class CacheIndex(IndexCore):
         arr = as_tokens(tokens)
         hasher = hashes if hashes is not None else PrefixHasher(arr, self.config.hash_block_size)
         limit = self.config.lookup_timeout_ms / 1e3 if deadline_s is None else deadline_s
-        found = discover(self, self.reclaim, self.shared_view, arr, hasher, limit,
-                         self._alignment(alignment))
+        found, out = discover(self, self.reclaim, self.shared_view, arr, hasher, limit,
+                              self._alignment(alignment))
+        with self.lock:
+            self.issue(out)
         self.deliver_foreign_drops()
         return found
 
@@ -315,57 +320,60 @@ class CacheIndex(IndexCore):
               verify: bool = True, strays: Iterable[tuple[ObjectKey, str]] = ()) -> Rebuilt:
         """Adopt and re-link what worker processes report they hold (``(key, nbytes, meta,
         tier)``), remove ``strays``; see ``hybrid_connector.index.rebuild.adopt_reported``."""
-        return adopt_reported(self, items, self.reclaim.orphans, verify, strays)
+        rebuilt, out = adopt_reported(self, items, self.reclaim.orphans, verify, strays)
+        with self.lock:
+            self.issue(out)
+        return rebuilt
 
     # ---------------------------------------------------------------- callbacks
     def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:
         """The backend dropped objects on its own: forget them so no plan promises them."""
         with self.lock:
             for key in keys:
-                self.reclaim.unindex(key)
+                self.issue(self.reclaim.unindex(key))
 
     def _anchors_of_chunk(self, key: ObjectKey) -> list[ObjectKey]:
         """Anchor pages ending inside KV chunk ``key`` (they die with it). Lock free."""
-        nid = self.where.get(key)
+        nid = self.table.node_of(key)
         node = self.tree.node(nid) if nid is not None else None
         if node is None:
             return []
         return [a.key for a in list(node.anchors.values()) if key.start < a.end <= key.end]
 
     def _merits_demotion(self, key: ObjectKey) -> bool:
-        if key in self.pending:
+        if self.table.is_pending(key):
             return True  # a put in flight is never dropped for that
-        nid = self.where.get(key)
+        nid = self.table.node_of(key)
         node = self.tree.node(nid) if nid is not None else None
         return node is not None and self.eviction.merits_demotion(node, key.kind)
 
     # ---------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
-        """Tree invariants plus: every ref is indexed in ``where`` at its node and listed by
-        the ledger, doomed keys are locked checkpoints, pending keys are indexed, and every
-        lock belongs to an active lease. Raises ``IntegrityError``."""
+        """Tree invariants, the table's (``StateTable.check``), plus: every ref is placed at
+        its node, doomed keys are locked checkpoints, and every lock belongs to an active
+        lease. Raises ``IntegrityError``."""
         with self.lock:
             self.tree.check_integrity()
+            self.table.check()
+            where = self.table.placement()
             seen = 0
             for node in self.tree.nodes():
                 for r in [*node.kv.values(), *node.anchors.values(),
                           *([node.state] if node.state else [])]:
                     seen += 1
-                    if self.where.get(r.key) != node.id:
+                    if where.get(r.key) != node.id:
                         raise IntegrityError(f"{r.key} not indexed at node {node.id}")
                     if r.key.fingerprint != self.fingerprint:
                         raise IntegrityError(f"{r.key} has a foreign fingerprint")
-            if seen != len(self.where):
-                raise IntegrityError(f"{len(self.where) - seen} indexed keys are not in the tree")
-            if not self.pending <= set(self.where):
-                raise IntegrityError("a pending key is not indexed")
-            for key in self.doomed:
-                holder = self.tree.node(self.where.get(key, -1))
+            if seen != len(where):
+                raise IntegrityError(f"{len(where) - seen} indexed keys are not in the tree")
+            for key in self.table.doomed_keys():
+                holder = self.tree.node(where.get(key, -1))
                 if (holder is None or holder.state is None or holder.state.key != key
                         or not holder.state_lock):
                     raise IntegrityError(f"doomed {key} is not a locked checkpoint")
             want: Counter[tuple[str, int]] = Counter()
-            for lease in self.leases.values():
+            for lease in self.table.active_leases().values():
                 want.update(("kv", n) for n in lease.kv_nodes)
                 want.update(("anchor", n) for n in lease.anchor_nodes)
                 if lease.state_node:

@@ -9,6 +9,9 @@ positions of the newly covered prefix (one batched ``contains``), deepest first,
 adopts the deepest one (and, with replay, the anchor pages). Everything found is read
 later like any object: a copy that turns out gone or bad is unindexed at load.
 
+Nothing here queues ops: what adopting leaves (other models' entries the ledger forgot for
+room) comes back as ``Effects`` for the index to issue.
+
 It costs one manifest read per chunk walked and one batched existence check, bounded by a
 deadline; an unreachable tier finds nothing and raises nothing.
 """
@@ -27,7 +30,7 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind, as_tokens
 from hybrid_connector.index.hit import kv_chain
 from hybrid_connector.index.manifests import decode_record, manifest_name
 from hybrid_connector.index.reclaim import Reclaimer
-from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.state import Effects, IndexCore
 
 
 class SharedView(Protocol):
@@ -49,9 +52,10 @@ class Found:
 
 
 def discover(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, tokens: np.ndarray,
-             hashes: Hashes, deadline_s: float, align: int) -> Found:
+             hashes: Hashes, deadline_s: float, align: int) -> tuple[Found, Effects]:
     """Index what the shared tier holds for ``tokens`` beyond this index's own reach (see
-    the module docstring); ``hashes`` are the prompt's prefix hashes."""
+    the module docstring); ``hashes`` are the prompt's prefix hashes. Returns what was
+    found and what adopting it left."""
     t0 = time.monotonic()
     arr = as_tokens(tokens)
     stop = t0 + deadline_s
@@ -59,6 +63,7 @@ def discover(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, tokens: np.n
         m = ix.tree.match(arr)
         _, reach = kv_chain(m, ix.max_kv_len, ix.usable, needs_kv=ix.needs_kv)
     start_reach = pos = reach
+    out = Effects()
     while pos < arr.size - 1 and time.monotonic() < stop:
         best = None
         for rec in shared.records(manifest_name(ix.fingerprint, hashes.at(pos))):
@@ -73,20 +78,20 @@ def discover(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, tokens: np.n
         if best is None:
             break
         with ix.lock:
-            if best[0] not in ix.where and not _adopt(ix, reclaim, arr, best[0], best[1]):
+            if best[0] not in ix.table and not _adopt(ix, reclaim, arr, best[0], best[1], out):
                 break
         pos = best[0].end
     found_kv = pos - start_reach
-    states = _probe_states(ix, reclaim, shared, arr, hashes, pos, align, stop)
-    return Found(found_kv, states, 0, time.monotonic() - t0)
+    states = _probe_states(ix, reclaim, shared, arr, hashes, pos, align, stop, out)
+    return Found(found_kv, states, 0, time.monotonic() - t0), out
 
 
 def _adopt(ix: IndexCore, reclaim: Reclaimer, arr: np.ndarray, key: ObjectKey,
-           nbytes: int) -> bool:
-    """Track a shared KV chunk in the ledger and index it (its start must be in the tree)."""
-    with ix.backend.lock:
-        pl = ix.ledger.adopt_shared(key, nbytes)
-        reclaim.apply(pl)
+           nbytes: int, out: Effects) -> bool:
+    """Track a shared KV chunk in the ledger and index it (its start must be in the tree);
+    what that leaves joins ``out``."""
+    pl = ix.ledger.adopt_shared(key, nbytes)
+    out += reclaim.apply(pl)
     if pl.tier is None:
         return False
     leaf = ix.tree.extend(ix.node_ending_at(arr, key.start), arr[key.start : key.end])
@@ -95,9 +100,10 @@ def _adopt(ix: IndexCore, reclaim: Reclaimer, arr: np.ndarray, key: ObjectKey,
 
 
 def _probe_states(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, arr: np.ndarray,
-                  hashes: Hashes, reach: int, align: int, stop: float) -> int:
+                  hashes: Hashes, reach: int, align: int, stop: float, out: Effects) -> int:
     """Adopt the deepest checkpoint the shared tier holds at an aligned position within the
-    KV reach (one batched existence check), unless this index has one as deep."""
+    KV reach (one batched existence check), unless this index has one as deep; what that
+    leaves joins ``out``."""
     with ix.lock:
         m = ix.tree.match(arr)
         have = max((n.depth for n in m.path if n.state is not None and ix.usable(n.state.key)),
@@ -112,11 +118,10 @@ def _probe_states(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, arr: np
     if key is None:
         return 0
     with ix.lock:
-        if key in ix.where:
+        if key in ix.table:
             return 0
-        with ix.backend.lock:
-            pl = ix.ledger.adopt_shared(key, ix.geometry.state_bytes())
-            reclaim.apply(pl)
+        pl = ix.ledger.adopt_shared(key, ix.geometry.state_bytes())
+        out += reclaim.apply(pl)
         if pl.tier is None:
             return 0
         ix.attach_ready(ix.node_ending_at(arr, key.end), key, ix.geometry.state_bytes())

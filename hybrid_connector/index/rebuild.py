@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from hybrid_connector.core.hashes import continue_hashes
 from hybrid_connector.core.keys import ROOT_HASH, ObjectKey, ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
-from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.state import Effects, IndexCore
 from hybrid_connector.tree.radix import Node
 
 Item = tuple[ObjectKey, int, ObjectMeta | None]
@@ -46,10 +46,9 @@ def relink(ix: IndexCore, items: Iterable[Item], verify: bool = True) -> Rebuilt
     left: list[ObjectKey] = []
     with ix.lock:
         for key, n, meta in items:
-            if key.fingerprint != ix.fingerprint or key in ix.where:
+            if key.fingerprint != ix.fingerprint or key in ix.table:
                 continue
-            with ix.backend.lock:
-                ready = ix.ledger.where(key) is not None
+            ready = ix.ledger.where(key) is not None
             if not ready or meta is None or meta.check_key(key) is not None:
                 left.append(key)
             elif key.kind is ObjectKind.KV:
@@ -123,26 +122,25 @@ def _block_ends(start: int, end: int, bs: int) -> list[int]:
 
 def adopt_reported(ix: IndexCore, items: Iterable[tuple[ObjectKey, int, ObjectMeta | None, str]],
                    orphans: dict[ObjectKind, list[ObjectKey]], verify: bool = True,
-                   strays: Iterable[tuple[ObjectKey, str]] = ()) -> Rebuilt:
+                   strays: Iterable[tuple[ObjectKey, str]] = ()) -> tuple[Rebuilt, Effects]:
     """Warm restart across processes: account what worker processes report their persistent
     tiers hold (``(key, nbytes, meta, tier)``, held on every rank) in the ledger, then
     re-link it (``relink``). An object the ledger has no room for, or of another model,
-    is removed from the workers (``Remove`` ops in the index's outbox), so the workers'
-    tiers never hold bytes the ledger does not know. Mutates the ledger, the index and its
-    outbox; ``strays``, ``(key, tier)`` some workers hold but not all, are removed the same
-    way); adopted keys join ``orphans`` (the reclaimer's queue: reclaimed first, oldest
+    is removed from the workers (the ``Remove`` ops returned with what was rebuilt, for the
+    index to issue), so the workers' tiers never hold bytes the ledger does not know.
+    Mutates the ledger and the index; ``strays``, ``(key, tier)`` some workers hold but not
+    all, are removed the same way; adopted keys join ``orphans`` (the reclaimer's queue: reclaimed first, oldest
     first, unless re-linked). Never raises for what the items hold."""
-    from hybrid_connector.tiers.ops import Remove
+    from hybrid_connector.tiers.ops import Op, Remove
 
     kept: list[Item] = []
-    removes = []
-    with ix.lock, ix.backend.lock:
+    removes: list[Op] = []
+    with ix.lock, ix.ledger.lock:  # adopt-or-remove per item, against one ledger state
         for key, n, meta, tier in items:
             if key.fingerprint == ix.fingerprint and ix.ledger.adopt(key, n, tier):
                 kept.append((key, n, meta))
                 orphans[key.kind].append(key)
-            elif key not in ix.ledger.entries:
+            elif not ix.ledger.knows(key):
                 removes.append(Remove(key, tier))
         removes += [Remove(k, t) for k, t in strays]
-        ix.outbox.extend(removes)
-    return relink(ix, kept, verify)
+    return relink(ix, kept, verify), Effects(removes)

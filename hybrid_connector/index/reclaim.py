@@ -1,18 +1,19 @@
 """Reclaim: everything that takes objects out of the index. Eviction by policy to make room,
 reclaiming objects the tiers hold that the index does not know, releasing KV that can no
 longer produce a hit, undoing tree nodes a save created for nothing, and unindexing what the
-store lost. Every deletion goes to the ledger, and the ops it returns (removals of local
-copies) go to ``index.outbox`` for the caller to run.
+store lost. Every deletion goes to the ledger; the ops it returns (removals of local copies)
+and the other models' keys it dropped come back from each method as ``Effects``, for the
+index to issue. The placement of objects changes only through the index's ``StateTable``.
 
-All methods run under the index's lock (and take the backend's lock for the ledger).
+All methods run under the index's lock (the ledger takes its own in each call).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.state import Effects, IndexCore
 from hybrid_connector.tiers.ledger import Placement
 from hybrid_connector.tree.radix import Node, ObjectRef
 
@@ -28,44 +29,54 @@ class Reclaimer:
 
     # ------------------------------------------------------------------ room
     def make_room(self, kind: ObjectKind, pending: Mapping[ObjectKind, int],
-                  keep: set[ObjectKey]) -> tuple[bool, int]:
+                  keep: set[ObjectKey]) -> tuple[bool, int, Effects]:
         """Until the ledger fits ``pending`` (the batch so far, this item included):
         reclaim unknown objects, oldest first, then evict by policy, for ``kind`` and the
         kinds sharing its budget (in the order ``EvictionPolicy.victim_kinds`` gives). A
         victim that frees no bytes is still progress (it left the tree). Returns (fits,
-        bytes freed). ``keep``: keys of the batch."""
+        bytes freed, effects). ``keep``: keys of the batch."""
         ix = self.ix
-        freed = 0
-        with ix.backend.lock:
-            kinds = ix.ledger.room_kinds(kind)
+        freed, out = 0, Effects()
+        kinds = ix.ledger.room_kinds(kind)
         while True:
-            with ix.backend.lock:
-                if ix.ledger.fits(pending):
-                    return True, freed
-            got = next((g for k in kinds if (g := self.reclaim_orphan(k, keep)) is not None), None)
+            if ix.ledger.fits(pending):
+                return True, freed, out
+            got = self._first(self.reclaim_orphan, kinds, keep, out)
             if got is None:  # the policy orders the kinds sharing the budget (pooled: by utility)
                 order = ix.eviction.victim_kinds(kinds) if len(kinds) > 1 else kinds
-                got = next((g for k in order if (g := self.evict_one(k)) is not None), None)
+                got = self._first(lambda k, _: self.evict_one(k), order, keep, out)
             if got is None:
-                return False, freed
+                return False, freed, out
             freed += got
 
-    def reclaim_orphan(self, kind: ObjectKind, keep: set[ObjectKey]) -> int | None:
+    @staticmethod
+    def _first(take: Callable[[ObjectKind, set[ObjectKey]], tuple[int | None, Effects]],
+               kinds: Sequence[ObjectKind], keep: set[ObjectKey], out: Effects) -> int | None:
+        """Bytes freed by the first of ``kinds`` that ``take`` frees something of (its
+        effects join ``out``); None when none does."""
+        for k in kinds:
+            got, effects = take(k, keep)
+            out += effects
+            if got is not None:
+                return got
+        return None
+
+    def reclaim_orphan(self, kind: ObjectKind, keep: set[ObjectKey]) -> tuple[int | None, Effects]:
         """Forget the oldest object of ``kind`` the ledger holds for this model but the
-        index does not know; its bytes (None: there is none left)."""
+        index does not know: its bytes (None: there is none left) and the removal."""
         ix = self.ix
         queue = self.orphans[kind]
         while queue:
             key = queue.pop(0)
-            if key in ix.where or key in keep:
+            if key in ix.table or key in keep:
                 continue  # indexed since (saved again) or part of this batch
-            with ix.backend.lock:
+            with ix.ledger.lock:  # its size and its removal, in one view
                 e = ix.ledger.entries.get(key)
                 if e is None:
                     continue
-                ix.outbox.extend(ix.ledger.remove(key))
-            return e.nbytes
-        return None
+                ops = list(ix.ledger.remove(key))
+            return e.nbytes, Effects(ops)
+        return None, Effects()
 
     # ------------------------------------------------------------------ eviction
     def evictable(self, node: Node, kind: ObjectKind) -> bool:
@@ -79,35 +90,35 @@ class Reclaimer:
             return node.state is not None and not node.state_lock
         return bool(node.anchors) and not node.anchor_lock
 
-    def evict_one(self, kind: ObjectKind) -> int | None:
-        """Evict one victim's objects of ``kind`` (a KV victim takes its whole leaf);
-        return the bytes freed over all kinds (None: no victim)."""
+    def evict_one(self, kind: ObjectKind) -> tuple[int | None, Effects]:
+        """Evict one victim's objects of ``kind`` (a KV victim takes its whole leaf):
+        the bytes freed over all kinds (None: no victim) and the removals."""
         ix = self.ix
         node = ix.eviction.next_victim(kind)
         if node is None or not self.evictable(node, kind):
-            return None
+            return None, Effects()
         before = {k: ix.tree.bytes[k] for k in ObjectKind}
         if kind is ObjectKind.KV:
             parent = node.parent
-            self.forget(self.remove_leaf(node))
+            out = self.forget(self.remove_leaf(node))
             if parent is not None:
-                self.prune_upward(parent)
+                out += self.prune_upward(parent)
         elif kind is ObjectKind.STATE:
             ref = ix.tree.drop_state(node)
-            self.forget([ref] if ref else [])
-            self.after_state_loss(node)
+            out = self.forget([ref] if ref else [])
+            out += self.after_state_loss(node)
         else:
             refs = list(node.anchors.values())
             for r in refs:
                 ix.tree.drop_ref(node, r)
-            self.forget(refs)
-            self.prune_upward(node)
+            out = self.forget(refs)
+            out += self.prune_upward(node)
         freed = 0
         for k, b in before.items():
             got = max(0, b - ix.tree.bytes[k])
             ix.stats.evicted[k.value] += got
             freed += got
-        return freed
+        return freed, out
 
     def remove_leaf(self, node: Node) -> list[ObjectRef]:
         nid = node.id
@@ -115,47 +126,50 @@ class Reclaimer:
         self.ix.eviction.on_remove(nid)
         return refs
 
-    def forget(self, refs: Sequence[ObjectRef]) -> None:
-        """Unindex refs the tree already let go of, and delete their bytes."""
+    def forget(self, refs: Sequence[ObjectRef]) -> Effects:
+        """Unindex refs the tree already let go of; the removals of their bytes."""
         ix = self.ix
-        with ix.backend.lock:
-            for r in refs:
-                ix.where.pop(r.key, None)
-                ix.doomed.discard(r.key)
-                ix.outbox.extend(ix.ledger.remove(r.key))
+        out = Effects()
+        for r in refs:
+            ix.table.forget(r.key)
+            out.ops += ix.ledger.remove(r.key)
+        return out
 
     # ------------------------------------------------------------------ structure
-    def after_state_loss(self, node: Node) -> None:
+    def after_state_loss(self, node: Node) -> Effects:
         """A node lost its state: release it if dead, fold it if it is a pass-through, and
         release child leaves that were kept only to serve that state."""
         ix = self.ix
         if node.is_leaf:
-            self.prune_upward(node)
-            return
+            return self.prune_upward(node)
+        out = Effects()
         for child in list(node.children.values()):
             if child.is_leaf:
-                self.prune_upward(child)  # may release ``node`` too, walking up
+                out += self.prune_upward(child)  # may release ``node`` too, walking up
         if ix.tree.node(node.id) is not node or node.is_leaf:
-            return
+            return out
         if ix.tree.can_merge(node) and not ix.busy(node):
             nid = node.id
             child = ix.tree.merge_into_child(node)
             ix.eviction.on_remove(nid)
             ix.eviction.on_change(child)
+        return out
 
-    def prune_upward(self, node: Node) -> None:
+    def prune_upward(self, node: Node) -> Effects:
         """Release leaves whose KV can no longer produce a hit (no state, no usable
         anchors, unlocked, nothing in flight), walking up while that holds."""
         ix = self.ix
+        out = Effects()
         if not ix.needs_state:
-            return
+            return out
         cur: Node | None = node
         while (cur is not None and ix.tree.can_remove(cur) and not ix.busy(cur)
                and cur.state is None and not (ix.config.replay and cur.anchors)
                and not serves_ancestor_state(cur)):
             parent = cur.parent
-            self.forget(self.remove_leaf(cur))
+            out += self.forget(self.remove_leaf(cur))
             cur = parent
+        return out
 
     def tidy_new(self, leaf: Node, first_new: int) -> Node:
         """Undo what ``insert`` created for a save but nothing uses: object-less leaves
@@ -176,47 +190,49 @@ class Reclaimer:
             ix.eviction.on_change(cur)
         return cur
 
-    def apply(self, placement: Placement) -> None:
-        """Queue a placement's ops and forget what it dropped (backend lock held); other
-        models' drops are delivered later, outside our lock."""
+    def apply(self, placement: Placement) -> Effects:
+        """Forget what a placement of the ledger dropped: its ops, then the removals
+        that leaves, and the other models' drops (delivered later, outside our lock)."""
         ix = self.ix
-        ix.outbox.extend(placement.ops)
+        out = Effects(list(placement.ops))
         for key in placement.dropped:
             if key.fingerprint == ix.fingerprint:
-                self.unindex(key)
+                out += self.unindex(key)
             else:
-                ix.foreign_drops.append(key)
+                out.foreign.append(key)
+        return out
 
     # ------------------------------------------------------------------ losses
-    def unindex(self, key: ObjectKey) -> None:
+    def unindex(self, key: ObjectKey) -> Effects:
         """Forget one object the tiers lost or failed to read, and whatever the ledger
         still lists of it (its remaining local copy is deleted). A checkpoint under a lease
         stays indexed, doomed (never planned again), until the lease is released."""
         ix = self.ix
-        nid = ix.where.get(key)
+        nid = ix.table.node_of(key)
         node = ix.tree.node(nid) if nid is not None else None
         if node is None:
-            ix.where.pop(key, None)
-            ix.doomed.discard(key)
-            return
+            ix.table.forget(key)
+            return Effects()
         if key.kind is ObjectKind.STATE and node.state_lock:
-            ix.doomed.add(key)
-            return
-        ix.doomed.discard(key)
+            ix.table.doom(key)
+            return Effects()
         for ref in (node.state, node.kv.get(key.end), node.anchors.get(key.end)):
             if ref is None or ref.key != key:
                 continue
             ix.tree.drop_ref(node, ref)
-            del ix.where[key]
-            ix.pending.discard(key)
-            with ix.backend.lock:
-                ix.outbox.extend(ix.ledger.remove(key))
+            ix.table.forget(key)
+            out = Effects(list(ix.ledger.remove(key)))
             ix.eviction.on_change(node)
             if key.kind is ObjectKind.STATE:
-                self.after_state_loss(node)
+                out += self.after_state_loss(node)
             elif not node.kv and not node.anchors and node.state is None:
-                self.prune_upward(node) if ix.needs_state else self._drop_empty(node)
-            return
+                if ix.needs_state:
+                    out += self.prune_upward(node)
+                else:
+                    self._drop_empty(node)
+            return out
+        ix.table.pardon(key)  # indexed, yet not on its node (no ref to drop): not doomed
+        return Effects()
 
     def _drop_empty(self, node: Node) -> None:
         """Without recurrent layers nothing prunes: remove object-less leaves upward."""

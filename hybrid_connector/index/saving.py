@@ -9,13 +9,17 @@ which op decides each object. ``complete``: the workers' results for some of tho
 (local ones and shared-tier ones arrive separately); a put that failed is unindexed, one
 that succeeded becomes loadable. ``result`` summarises a completed ticket.
 
+Nothing here queues ops: ``begin`` puts those it decides in the ticket, and ``complete``
+and ``finish`` return theirs (``Effects``) for the index to issue. The per-key state
+changes only through the index's ``StateTable``.
+
 A save that stores nothing leaves the tree as it was; nothing raised for store failures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,7 +31,7 @@ from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.manifests import encode_record, manifest_name
 from hybrid_connector.index.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.index.reclaim import Reclaimer
-from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.state import Effects, IndexCore
 from hybrid_connector.policies.admission.anchors import anchor_block_bytes
 from hybrid_connector.tiers.ops import Move, Op, Put, Record, Remove
 from hybrid_connector.tree.radix import Node, ObjectRef
@@ -48,6 +52,14 @@ class SaveTicket:
     puts: Mapping[int, tuple[ObjectKey, bool]] = field(default_factory=dict)
     leaf: tuple[int, int] = (0, 0)  # (node id, depth) the save ended at: the next one's start
     metas: Mapping[ObjectKey, ObjectMeta] = field(default_factory=dict)  # travels with puts
+
+    def behind(self, ops: Sequence[Op]) -> SaveTicket:
+        """This ticket with ``ops`` (decided before it) run first."""
+        if not ops:
+            return self
+        n = len(ops)
+        return replace(self, ops=(*ops, *self.ops),
+                       puts={i + n: put for i, put in self.puts.items()})
 
 
 def object_nbytes(geo: ModelGeometry, cfg: HybridConfig, kind: ObjectKind, start: int,
@@ -98,29 +110,34 @@ class Saver:
         if key.kind is not ObjectKind.KV:
             return False
         old = self.ix.deepest_holder(leaf, key.end).kv.get(key.end)
-        return old is not None and (old.start <= key.start or old.key in self.ix.leased
-                                    or old.key in self.ix.pending)
+        table = self.ix.table
+        return old is not None and (old.start <= key.start or table.is_leased(old.key)
+                                    or table.is_pending(old.key))
 
-    def _heal(self, keys: Sequence[ObjectKey]) -> None:
+    def _heal(self, keys: Sequence[ObjectKey]) -> Effects:
         """Unindex objects of this save that the index lists but the tiers lost without
         telling (a restarted remote), so they are stored again instead of "present"."""
         ix = self.ix
-        keys = [k for k in keys if k in ix.where and ix.usable(k)]
-        with ix.backend.lock:
+        keys = [k for k in keys if k in ix.table and ix.usable(k)]
+        with ix.ledger.lock:
             lost = [k for k in keys if ix.ledger.where(k) is None]
+        out = Effects()
         for key in lost:
-            self.reclaim.unindex(key)
+            out += self.reclaim.unindex(key)
+        return out
 
     # ------------------------------------------------------------------ begin
     def begin(self, tokens: Sequence[int] | np.ndarray, specs: Sequence[ObjectSpec],
-              hashes: Hashes | None = None, start: tuple[int, int] | None = None) -> SaveTicket:
+              hashes: Hashes | None = None, start: tuple[int, int] | None = None
+              ) -> tuple[SaveTicket, list[ObjectKey]]:
         """Decide the save of ``specs`` made for ``tokens`` (which must cover every end).
         ``hashes``: prefix hashes of ``tokens`` the caller keeps (a request's
         ``ChainHasher``, so a save costs O(new tokens), or an engine's ``EngineHashes``);
         computed from scratch when None. ``start``: the ``leaf`` of this request's previous
         ticket, so the radix insert resumes there instead of walking the whole prefix
         (ignored when that node is gone). Returns the ticket whose ops the workers must run
-        (see the module docstring)."""
+        (see the module docstring) and the other models' keys the ledger dropped to make
+        room (for the index to report)."""
         ix = self.ix
         arr = as_tokens(tokens)
         hasher: Hashes = hashes if hashes is not None else PrefixHasher(arr, ix.config.hash_block_size)
@@ -129,6 +146,7 @@ class Saver:
         metas: dict[ObjectKey, ObjectMeta] = {}
         refused: list[Rejection] = []
         puts: dict[int, tuple[ObjectKey, bool]] = {}
+        out = Effects()  # the ticket's ops, in order
         present = evicted = 0
         with ix.lock:
             tid, self._next = self._next, self._next + 1
@@ -143,7 +161,7 @@ class Saver:
                 cand = {i: ObjectKey(ix.fingerprint, hasher.at(specs[i].end), specs[i].kind,
                                      specs[i].start, specs[i].end)
                         for i in order if specs[i].end <= arr.size}
-                self._heal(list(cand.values()))
+                out += self._heal(list(cand.values()))
                 batch: set[ObjectKey] = set()
                 for i in order:
                     sp = specs[i]
@@ -154,23 +172,22 @@ class Saver:
                     key = cand[i]
                     # indexed and ready, or its put is in flight (another save's, still
                     # pending): present, never placed twice
-                    if ((key in ix.where and key not in ix.doomed) or key in batch
+                    if ((key in ix.table and not ix.table.is_doomed(key)) or key in batch
                             or self._covered(leaf, key)):
                         present += 1
                         continue
-                    with ix.backend.lock:
-                        too_large = sp.nbytes > ix.ledger.max_object_bytes(sp.kind)
-                    if too_large:
+                    if sp.nbytes > ix.ledger.max_object_bytes(sp.kind):
                         refused.append(Rejection(sp.kind, sp.start, sp.end, "too_large"))
                         continue
                     # objects placed before are in the ledger already: room for this one
-                    ok, freed = self.reclaim.make_room(sp.kind, {sp.kind: sp.nbytes}, batch)
+                    ok, freed, room = self.reclaim.make_room(sp.kind, {sp.kind: sp.nbytes}, batch)
                     evicted += freed
+                    out += room
                     # what a warm restart re-links it from (its tokens, its chain hashes)
                     meta = (ObjectMeta.for_range(arr, sp.start, sp.end, sp.kind, hasher)
                             if ix.backend.keeps_meta else None)
                     if ok:
-                        ok = self._place(leaf, key, sp.nbytes, puts, meta)
+                        ok = self._place(leaf, key, sp.nbytes, puts, meta, out)
                     if not ok:
                         refused.append(Rejection(sp.kind, sp.start, sp.end, "no_room"))
                         continue
@@ -185,46 +202,50 @@ class Saver:
             survivor = self.reclaim.tidy_new(leaf, first_new)
             ix.clock += 1
             ix.eviction.on_access(ix.tree.path_to(survivor), ix.clock)
-            ops = tuple(ix.outbox)
-            ix.outbox = []
-        ix.deliver_foreign_drops()
-        return SaveTicket(tid, ops, tuple(keys), present, tuple(refused), evicted, puts,
-                          (survivor.id, survivor.depth), metas)
+        ticket = SaveTicket(tid, tuple(out.ops), tuple(keys), present, tuple(refused), evicted,
+                            puts, (survivor.id, survivor.depth), metas)
+        return ticket, out.foreign
 
     def _place(self, leaf: Node, key: ObjectKey, nbytes: int,
-               puts: dict[int, tuple[ObjectKey, bool]], meta: ObjectMeta | None) -> bool:
-        """Ask the ledger for a tier; index the object as pending there. A KV chunk
-        written to the shared tier is announced there too (``hybrid_connector.index.manifests``)."""
+               puts: dict[int, tuple[ObjectKey, bool]], meta: ObjectMeta | None,
+               out: Effects) -> bool:
+        """Ask the ledger for a tier; index the object as pending there. Its ops join
+        ``out`` (the ticket's so far; ``puts`` maps the index of each put of ``key`` in
+        them). A KV chunk written to the shared tier is announced there too
+        (``hybrid_connector.index.manifests``)."""
         ix = self.ix
-        with ix.backend.lock:
-            if key in ix.ledger.entries and (key not in ix.where or key in ix.doomed):
-                # an orphan of this key (a warm restart could not re-link it), or what is
-                # left of a doomed one: replace it
-                ix.outbox.extend(ix.ledger.remove(key))
+        with ix.ledger.lock:  # replace-then-place is one decision of the ledger's
+            # ``begin`` places only keys that are not indexed, or doomed: what the ledger
+            # still lists of one is an orphan (a warm restart could not re-link it) or the
+            # remains of a doomed one; replace it (unknown keys: no ops)
+            out.ops += ix.ledger.remove(key)
             placement = ix.ledger.place(key, nbytes)
-            shared = ix.ledger.shared_tier
-            for op in placement.ops:
-                if isinstance(op, Put) and op.key == key:
-                    puts[len(ix.outbox)] = (key, op.tier == shared)
-                ix.outbox.append(op)
-                if (isinstance(op, Put) and op.key == key and op.tier == shared
-                        and key.kind is ObjectKind.KV and shared is not None and meta is not None):
-                    ix.outbox.append(Record(key, shared, manifest_name(key.fingerprint, meta.prev),
-                                            encode_record(key, nbytes, meta)))
-            for k in placement.dropped:
-                (self.reclaim.unindex(k) if k.fingerprint == ix.fingerprint
-                 else ix.foreign_drops.append(k))
+        shared = ix.ledger.shared_tier
+        for op in placement.ops:
+            if isinstance(op, Put) and op.key == key:
+                puts[len(out.ops)] = (key, op.tier == shared)
+            out.ops.append(op)
+            if (isinstance(op, Put) and op.key == key and op.tier == shared
+                    and key.kind is ObjectKind.KV and shared is not None and meta is not None):
+                out.ops.append(Record(key, shared, manifest_name(key.fingerprint, meta.prev),
+                                      encode_record(key, nbytes, meta)))
+        for k in placement.dropped:
+            if k.fingerprint == ix.fingerprint:
+                out += self.reclaim.unindex(k)
+            else:
+                out.foreign.append(k)
         if placement.tier is None:
             return False
-        self._index(leaf, key, nbytes)
+        out += self._index(leaf, key, nbytes)
         return True
 
-    def _index(self, leaf: Node, key: ObjectKey, nbytes: int) -> None:
-        """Attach a placed object, pending, to the node on ``leaf``'s path holding its end."""
+    def _index(self, leaf: Node, key: ObjectKey, nbytes: int) -> Effects:
+        """Attach a placed object, pending, to the node on ``leaf``'s path holding its end
+        (the removal of a shorter chunk it replaces comes back)."""
         ix = self.ix
+        out = Effects()
         node = ix.deepest_holder(leaf, key.end)
         ref = ObjectRef(key, nbytes)
-        ix.doomed.discard(key)
         if key.kind is ObjectKind.STATE:
             if node.depth != key.end:
                 node = ix.tree.split(node, key.end)
@@ -232,61 +253,60 @@ class Saver:
         elif key.kind is ObjectKind.KV:
             old = ix.tree.add_kv(node, ref)
             if old is not None and old.key != key:  # a chunk covering more replaced it
-                self.reclaim.forget([old])
-            ix.max_kv_len = max(ix.max_kv_len, key.end - key.start)
+                out = self.reclaim.forget([old])
         else:
             ix.tree.add_anchor(node, ref)
-        ix.where[key] = node.id
-        ix.pending.add(key)
+        ix.table.index_pending(key, node.id)
         ix.eviction.on_change(node)
+        return out
 
     # ------------------------------------------------------------------ complete
-    def complete(self, ticket: SaveTicket, indices: Sequence[int], results: Sequence[bool]) -> None:
+    def complete(self, ticket: SaveTicket, indices: Sequence[int],
+                 results: Sequence[bool]) -> Effects:
         """The workers ran ``ticket.ops[i]`` for ``i in indices`` with these results. May be
-        called once per lane; ops it leaves (removals of failed copies) go to ``drain``."""
+        called once per lane; returns what it leaves (removals of failed copies)."""
         ix = self.ix
+        out = Effects()
         with ix.lock:
             for i, ok in zip(indices, results, strict=True):
                 op = ticket.ops[i]
                 if i in ticket.puts:
-                    self._commit(ticket, *ticket.puts[i], bool(ok))
+                    out += self._commit(ticket, *ticket.puts[i], bool(ok))
                 elif not ok and isinstance(op, Move | Put):
                     # A failed move, or a promotion's failed put back: no copy is left there.
-                    with ix.backend.lock:
-                        self.reclaim.apply(ix.ledger.lost(op.key, op.dst if isinstance(op, Move) else op.tier))
-                    if op.key in ix.where and ix.ledger.where(op.key) is None:
-                        self.reclaim.unindex(op.key)
-        ix.deliver_foreign_drops()
+                    tier = op.dst if isinstance(op, Move) else op.tier
+                    out += self.reclaim.apply(ix.ledger.lost(op.key, tier))
+                    if op.key in ix.table and ix.ledger.where(op.key) is None:
+                        out += self.reclaim.unindex(op.key)
+        return out
 
-    def _commit(self, ticket: SaveTicket, key: ObjectKey, shared: bool, ok: bool) -> None:
+    def _commit(self, ticket: SaveTicket, key: ObjectKey, shared: bool, ok: bool) -> Effects:
         ix = self.ix
-        with ix.backend.lock:
-            entry = ix.ledger.entries.get(key)
-            placed = entry.tier if entry is not None else None
-            usable = ix.ledger.commit(key, ok, shared)
-            loadable = ix.ledger.where(key) is not None
-            if not ok and not shared and placed is not None:
-                # Failed on some rank: the other ranks' shards of it must go too.
-                ix.outbox.append(Remove(key, placed))
-        if usable and loadable and key in ix.pending:
-            ix.pending.discard(key)
+        out = Effects()
+        got = ix.ledger.settle(key, ok, shared)
+        if not ok and not shared and got.placed is not None:
+            # Failed on some rank: the other ranks' shards of it must go too.
+            out.ops.append(Remove(key, got.placed))
+        nid = ix.table.landed(key) if got.usable and got.loadable else None
+        if nid is not None:
             ix.stats.stored[key.kind.value] += 1
-            node = ix.tree.node(ix.where[key])
+            node = ix.tree.node(nid)
             if node is not None:
                 ix.eviction.on_change(node)
-        elif not usable and key in ix.where:
+        elif not got.usable and key in ix.table:
             self._failed.setdefault(ticket.id, []).append(
                 Rejection(key.kind, key.start, key.end, "store"))
             ix.stats.rejected[key.kind.value] += 1
-            self.reclaim.unindex(key)
+            out += self.reclaim.unindex(key)
+        return out
 
     def result(self, ticket: SaveTicket) -> SaveResult:
         """The outcome of a ticket whose ops all reported."""
         ix = self.ix
         with ix.lock:
             failed = self._failed.pop(ticket.id, [])
-            stored = sum(1 for k in ticket.keys if k is not None and k in ix.where
-                         and k not in ix.pending)
+            stored = sum(1 for k in ticket.keys if k is not None and k in ix.table
+                         and not ix.table.is_pending(k))
         refused = (*ticket.rejections, *failed)
         return SaveResult(stored, ticket.present, len(refused), ticket.evicted_bytes, refused,
                           ticket.leaf)
@@ -299,20 +319,22 @@ class Saver:
             return True
         return self.ix.admission.admit_final(num_tokens)
 
-    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
+    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> Effects:
         """End of a request whose last objects were saved: release KV on its path that can
         no longer produce a hit, and tell the eviction policy about the request
         (``prompt_len``: how many of ``tokens`` were the prompt, default all). An empty
-        request is a no-op. Raises ValueError for ``prompt_len`` outside [0, len]."""
+        request is a no-op. Returns the removals of the KV released. Raises ValueError for
+        ``prompt_len`` outside [0, len]."""
         ix = self.ix
         arr = as_tokens(tokens)
         plen = int(arr.size) if prompt_len is None else prompt_len
         if not 0 <= plen <= arr.size:
             raise ValueError(f"prompt_len {prompt_len} outside [0, {arr.size}]")
         if arr.size == 0:
-            return
+            return Effects()
         with ix.lock:
             m = ix.tree.match(arr)
-            self.reclaim.prune_upward(m.node)
+            out = self.reclaim.prune_upward(m.node)
             if plen:
                 ix.eviction.on_request(arr, plen)
+        return out

@@ -10,7 +10,6 @@ the backend's lock, never the reverse; drops are reported with the backend lock 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -44,7 +43,9 @@ class Backend:
     def __init__(self, specs: Sequence[TierSpec], executor: Executor | None = None) -> None:
         self.hooks: dict[str | None, StoreHooks] = {None: StoreHooks()}
         self.ledger = Ledger(specs, merits=self._merits, value=self._value)
-        self.lock = threading.RLock()
+        # One lock: the ledger's own (it takes it in every call); the backend's own sequences
+        # of ledger calls and its hooks hold it too.
+        self.lock = self.ledger.lock
         self.executor = executor
 
     @classmethod

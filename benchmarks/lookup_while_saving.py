@@ -196,7 +196,7 @@ def main() -> None:
         print(f"{r['executor']:<20}{r['idle_p50_ms']:>9.3f}{r['idle_p99_ms']:>9.3f}"
               f"{r['busy_p50_ms']:>9.3f}{r['busy_p99_ms']:>9.3f}{r['busy_max_ms']:>9.1f}"
               f"{r['p99_ratio']:>7.2f}{r['saves']:>7}")
-    print("target: p99 while saving <= 2x idle (lanes)")
+    print("p99_ratio: lookup p99 while saving / lookup p99 idle, same run (1.0 = saves cost lookups nothing)")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2))
 

@@ -512,7 +512,7 @@ def main() -> None:
         print("ratio ours/lmcache:", json.dumps(c["ratio"]))
         if c["ratio"]["MB_per_s"] < 1.0:
             out["why_below_target"] = WHY_BELOW
-            print("below the 1.0 target:\n- " + "\n- ".join(WHY_BELOW))
+            print("why ours moves fewer MB/s than lmcache_server here:\n- " + "\n- ".join(WHY_BELOW))
     else:
         print("lmcache_server unavailable:", out.get("lmcache_unavailable"))
     path = args.json or os.path.join(_HERE, "results",

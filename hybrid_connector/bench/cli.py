@@ -1,9 +1,8 @@
 """``hybrid-connector bench capacity``: the capacity benchmark (see ``capacity``).
 
-Prints a live progress bar, a table per workload at the headline ratio, the closing note
-with the measured figures and targets, and where the JSON and the PNG went. Exit codes:
-0 done (targets missed are reported, not failures), 1 an accounting or verification
-failure, 2 a bad config.
+Prints a live progress bar, a table per workload at the headline ratio, the comparison of
+ours with device-only LRU at the headline point, and where the JSON and the PNG went. Exit
+codes: 0 done, 1 an accounting or verification failure, 2 a bad config.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybrid_connector.bench.capacity import closing_note, run_capacity
+    from hybrid_connector.bench.capacity import run_capacity, summary
 
     over: dict[str, Any] = {}
     if args.compute:
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
               f"working set / device budget ({cfg.compute} compute)")
         print(report.table(doc["rows"], w, ratio, scaled))
     print()
-    print(closing_note(doc))
+    print(summary(doc))
     jpath, ppath = out / f"capacity{suffix}.json", out / f"capacity{suffix}.png"
     report.write_json(jpath, doc)
     g = doc["geometry"]

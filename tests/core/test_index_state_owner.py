@@ -18,6 +18,7 @@ import ast
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,3 +113,52 @@ def test_a_write_elsewhere_is_caught(tmp_path: Path, module: str, line: str, wha
     path.write_text(source + f"\n\ndef _broken(ix, self, key, node, keys, lease):\n    {line}\n")
     where = len(source.splitlines()) + 4
     assert writes_outside_owner(copy) == [f"{module}:{where}: {what}"]
+
+
+# ---------------------------------------------------------------- the table's contracts
+def test_ops_left_undrained_run_first_in_the_next_ticket() -> None:
+    """Ops an earlier call left (here ``finish`` releasing dead KV) were decided first, so
+    a save that comes before the next ``drain`` carries them ahead of its own, and its
+    ``puts`` still point at its own puts."""
+    from cache_support import kv_items, make_cache, state_item
+
+    from hybrid_connector.tiers.ops import Put, Remove
+
+    cache = make_cache(admission="last_token")
+    ix = cache.index
+    dead = np.arange(30)
+    cache.save(dead, kv_items(dead, 0, 8))
+    ix.finish(dead)  # the index alone: its Remove stays queued, not drained
+    toks = np.arange(100, 116)
+    items = [*kv_items(toks, 0, 16), state_item(toks, 16)]
+    ticket = ix.begin_save(toks, [it.spec for it in items])
+    assert [type(op) for op in ticket.ops[:1]] == [Remove] and ix.drain() == []
+    assert {key for key, _ in ticket.puts.values()} == {k for k in ticket.keys if k}
+    for i, (key, _) in ticket.puts.items():
+        assert isinstance(ticket.ops[i], Put) and ticket.ops[i].key == key
+    ix.complete_save(ticket, list(range(len(ticket.ops))), [True] * len(ticket.ops))
+    assert ix.pending == frozenset()
+    cache.check_integrity()
+
+
+def test_check_names_a_broken_table() -> None:
+    from hybrid_connector.core.keys import ObjectKey, ObjectKind
+    from hybrid_connector.index.state import StateTable
+    from hybrid_connector.tree.radix import IntegrityError
+
+    key = ObjectKey("fp", b"\x00" * 16, ObjectKind.STATE, 4, 4)
+    table = StateTable()
+    table.index_pending(key, 3)
+    lease = table.open_lease((), 3, (), (key,))
+    table.check()
+    assert not table.usable(key) and table.is_leased(key)
+    assert table.landed(key) == 3 and table.usable(key)
+    table.doom(key)
+    assert not table.usable(key)
+    table.close_lease(lease)
+    with pytest.raises(ValueError, match="already released"):
+        table.close_lease(lease)
+    assert not table.is_leased(key)
+    table._pending.add(ObjectKey("fp", b"\x01" * 16, ObjectKind.KV, 0, 8))  # a stray write
+    with pytest.raises(IntegrityError, match="pending key is not indexed"):
+        table.check()

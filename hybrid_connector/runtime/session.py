@@ -33,6 +33,7 @@ from hybrid_connector.index.discovery import Found
 from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveItem, SaveResult
 from hybrid_connector.index.state import Lease
 from hybrid_connector.policies.base import SavePlan
+from hybrid_connector.runtime.progress import RequestProgress
 
 
 class SessionCache(Protocol):
@@ -85,7 +86,9 @@ class RequestSession:
     """One request (see the module docstring). ``alignment``: the engine's hit
     granularity (default the config's); ``gate`` decides whether an approximate plan may be
     used (without one, approximate plans are used only when replay is on); ``record``:
-    count the lookup in the cache's statistics. Not thread safe."""
+    count the lookup in the cache's statistics. Where the request stands (plan, lease,
+    what was loaded, the hit, what is saved) is its ``progress`` record, the one the vLLM
+    connector keeps per request too. Not thread safe."""
 
     def __init__(self, cache: SessionCache, prompt: Sequence[int] | np.ndarray, *,
                  alignment: int | None = None, replay: bool | None = None,
@@ -99,38 +102,67 @@ class RequestSession:
         self.gate_rejected = False
         # What other instances stored on a shared tier becomes known before the lookup.
         self.found = cache.discover(self.prompt, self.hasher, alignment)
-        self.plan = cache.lookup(self.prompt, alignment, replay)
-        if self.plan.hit and not self.plan.exact and gate is not None and not gate(self.plan):
+        plan = cache.lookup(self.prompt, alignment, replay)
+        if plan.hit and not plan.exact and gate is not None and not gate(plan):
             self.gate_rejected = True
-            self.plan = cache.lookup(self.prompt, alignment, replay=False)
+            plan = cache.lookup(self.prompt, alignment, replay=False)
         if record:
-            cache.record_lookup(self.plan)
+            cache.record_lookup(plan)
         self.saves = cache.plan_saves(self.prompt, alignment)
-        self.lease: Lease | None = None
-        self.loaded: LoadResult | None = None
-        self.hit = 0
-        self.kv_done = self.saves.kv_from  # first token whose KV is not saved yet
+        self.progress = RequestProgress(plan=plan, kv_saved=self.saves.kv_from)
         # Tokens another request already brought (cached KV, or up to the branch point):
         # with ``anchor_admission: shared`` only anchor pages inside them are saved.
         self.shared = max(self.saves.kv_from, self.saves.branch_point or 0)
-        self._leaf: tuple[int, int] | None = None  # where this request's last save ended
+
+    # ------------------------------------------------------------------ progress
+    @property
+    def plan(self) -> LoadPlan:
+        """The load planned at construction (a miss when nothing usable was found)."""
+        assert self.progress.plan is not None
+        return self.progress.plan
+
+    @property
+    def lease(self) -> Lease | None:
+        """The cache's lock on what ``load`` read, until ``release``."""
+        return self.progress.lease
+
+    @lease.setter
+    def lease(self, lease: Lease | None) -> None:  # an engine that leases by itself
+        self.progress.lease = lease
+
+    @property
+    def loaded(self) -> LoadResult | None:
+        """What ``load`` returned (None before it ran)."""
+        return self.progress.loaded
+
+    @property
+    def hit(self) -> int:
+        """The usable prefix ``load`` gave (0 before it ran)."""
+        return self.progress.hit
+
+    @hit.setter
+    def hit(self, n: int) -> None:  # an engine that loads by itself
+        self.progress.hit = n
+
+    @property
+    def kv_done(self) -> int:
+        """First token whose KV is not saved yet."""
+        return self.progress.kv_saved
 
     # ------------------------------------------------------------------ load
     def load(self) -> LoadResult:
         """Lock and read the plan (a miss or a stale plan gives ``LoadResult(0)``); the
         lease is held until ``release`` (or ``finish``)."""
-        if self.plan.hit and self.lease is None:
-            self.lease = self.cache.acquire(self.plan)
-        if self.lease is None:
-            self.loaded = LoadResult(0, True)
-        else:
-            self.loaded = self.cache.load(self.plan)
-        self.hit = self.loaded.num_tokens
-        return self.loaded
+        p = self.progress
+        if self.plan.hit and p.lease is None:
+            p.lease = self.cache.acquire(self.plan)
+        loaded = LoadResult(0, True) if p.lease is None else self.cache.load(self.plan)
+        p.loaded, p.hit = loaded, loaded.num_tokens
+        return loaded
 
     def release(self) -> None:
         """Unlock what ``load`` read (idempotent)."""
-        lease, self.lease = self.lease, None
+        lease, self.progress.lease = self.progress.lease, None
         self.cache.release(lease)
 
     @property
@@ -150,11 +182,12 @@ class RequestSession:
         """Items for what the prefill computed: KV chunks from the first missing chunk to
         the last cut inside the prompt (a multiple of the chunk size or a checkpoint), the
         checkpoints in ``states``, and ``extra`` (anchor pages). Advances ``kv_done``."""
-        cuts = [q for q in states if self.kv_done < q <= self.n]
-        ranges = cut_chunks(self.kv_done, self.n, self.cache.config.chunk_size, cuts, tail=False)
+        p = self.progress
+        cuts = [q for q in states if p.kv_saved < q <= self.n]
+        ranges = cut_chunks(p.kv_saved, self.n, self.cache.config.chunk_size, cuts, tail=False)
         items = [SaveItem(ObjectKind.KV, s, e, kv(s, e)) for s, e in ranges] if kv else []
         if ranges:
-            self.kv_done = ranges[-1][1]
+            p.kv_saved = ranges[-1][1]
         items += [SaveItem(ObjectKind.STATE, q, q, t) for q, t in sorted(states.items())]
         return [*items, *self._admit_anchors(extra)]
 
@@ -172,8 +205,9 @@ class RequestSession:
         items = self.prefill_items(kv, states, extra)
         if not items:
             return SaveResult(0, 0, 0)
-        result = self.cache.save(self.prompt, items, hashes=self.hasher, start=self._leaf)
-        self._leaf = result.leaf
+        result = self.cache.save(self.prompt, items, hashes=self.hasher, start=self.progress.leaf)
+        self.progress.leaf = result.leaf
+        self.progress.states_saved.update(q for q in states)
         return result
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> None:
@@ -188,13 +222,15 @@ class RequestSession:
         self.release()
         m = len(self.hasher)
         final = self.cache.final_checkpoint(m, self.alignment)
-        ranges = cut_chunks(self.kv_done, m, self.cache.config.chunk_size, [final])
+        p = self.progress
+        ranges = cut_chunks(p.kv_saved, m, self.cache.config.chunk_size, [final])
         items = [SaveItem(ObjectKind.KV, s, e, kv(s, e)) for s, e in ranges] if kv else []
-        self.kv_done = m
+        p.kv_saved = m
         items += [SaveItem(ObjectKind.STATE, q, q, t) for q, t in sorted(states.items())]
         items += self._admit_anchors(extra)
+        p.states_saved.update(states)
         return self.cache.finish(self.tokens, items, prompt_len=self.n, hashes=self.hasher,
-                                 start=self._leaf)
+                                 start=p.leaf)
 
     def __enter__(self) -> RequestSession:
         return self

@@ -84,7 +84,7 @@ def test_vllms_partial_tail_source_is_copied_and_a_wrong_one_is_caught(
         n = request.num_computed_tokens
         if wrong:
             below = n - n % s.BLOCK
-            return [(g, b, n) for g, b in sc._offers[request.request_id][below].items()]
+            return [(g, b, n) for g, b in sc.offers_of(request.request_id)[below].items()]
         ids = kcm.get_block_ids(request.request_id)
         return [(g, ids[g][(n - 1) // s.BLOCK], n) for g in sc.groups.recurrent_groups]
 

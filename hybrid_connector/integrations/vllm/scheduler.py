@@ -32,7 +32,6 @@ import numpy as np
 
 from hybrid_connector import assemble
 from hybrid_connector.core.config import HybridConfig
-from hybrid_connector.core.hashes import EngineHashes
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.cache_index import CacheIndex
@@ -47,6 +46,7 @@ from hybrid_connector.integrations.vllm.meta import (
 )
 from hybrid_connector.integrations.vllm.setup import Groups
 from hybrid_connector.integrations.vllm.stats import hit_sources
+from hybrid_connector.runtime.progress import RequestProgress
 from hybrid_connector.runtime.ranks import RankGather
 from hybrid_connector.runtime.session import cut_chunks
 from hybrid_connector.tiers.backend import Backend
@@ -71,6 +71,26 @@ class Counters:
     hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
+@dataclass(slots=True, eq=False)
+class Tracked(RequestProgress):
+    """One vLLM request's progress (``RequestProgress``) and what vLLM told the connector
+    about it: the ``Request`` itself, the state boundaries it offered (``offers``: position
+    -> group -> block; ``open_offers``: those not saved yet), the exact blocks of its
+    end-of-request state (``tail_blocks``), the tier of each external token
+    (``sources``), whether the shared tier was searched for it (``discovered``)."""
+
+    request: Any = None
+    offers: dict[int, dict[int, int]] = field(default_factory=dict)
+    open_offers: set[int] = field(default_factory=set)
+    tail_blocks: dict[int, int] | None = None
+    sources: dict[Any, int] | None = None
+    discovered: bool = False
+
+    def saved_states(self, positions: list[int]) -> None:
+        self.states_saved.update(positions)
+        self.open_offers.difference_update(positions)
+
+
 class SchedulerSide:
     """The index side of the connector (see the module docstring). Not thread safe: vLLM
     calls it from the engine-core thread only."""
@@ -89,50 +109,65 @@ class SchedulerSide:
         self.gather = RankGather(self.index, world_size)
         # other instances' objects on the shared tier are found through its manifests
         self.index.shared_view = shared_view(config)  # type: ignore[assignment]
-        self._discovered: set[str] = set()
         self.stats = Counters()
-        self._requests: dict[str, Any] = {}
-        self._hits: dict[str, tuple[LoadPlan, int]] = {}
+        self._progress: dict[str, Tracked] = {}  # request id -> its progress
         self._loads: list[LoadJob] = []
         self._leases: dict[int, tuple[LoadPlan, Any]] = {}
         self._jobs = itertools.count(1)
-        self._kv_saved: dict[str, int] = {}
-        self._states_saved: dict[str, set[int]] = defaultdict(set)
-        self._offers: dict[str, dict[int, dict[int, int]]] = defaultdict(lambda: defaultdict(dict))
         self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
-        self.sources: dict[str, dict[Any, int]] = {}  # request -> external tokens by tier
         self._adopted = False
-        self._tail_blocks: dict[str, dict[int, int]] = {}  # vLLM's partial-tail sources
         self._finish_saves: list[SaveJob] = []  # end-of-request tails for the next step
+        self._recurrent = frozenset(groups.recurrent_groups)
+        self._kvb = self.index.geometry.kv_bytes_per_token()
+        self._sb = self.index.geometry.state_bytes()
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
-        return np.asarray(request.all_token_ids[: request.num_tokens], dtype=np.int64)
+        """The request's tokens so far (copied in once each, for a tracked request)."""
+        rec = self._progress.get(request.request_id)
+        if rec is None:
+            return np.asarray(request.all_token_ids[: request.num_tokens], dtype=np.int64)
+        return rec.tokens.view(request.all_token_ids, request.num_tokens)
+
+    def hit_sources(self, request_id: str) -> dict[Any, int] | None:
+        """The external tokens of the request's last load, by the tier they came from."""
+        rec = self._progress.get(request_id)
+        return rec.sources if rec is not None else None
+
+    def offers_of(self, request_id: str) -> Mapping[int, Mapping[int, int]]:
+        """The state boundaries vLLM offered for the request: position -> group -> block."""
+        rec = self._progress.get(request_id)
+        return rec.offers if rec is not None else {}
 
     def match(self, request: Any, num_computed: int) -> tuple[int, bool]:
         """vLLM's ``get_num_new_matched_tokens``; remembers the plan for the allocation."""
         rid = request.request_id
-        self._requests[rid] = request
-        self._hits.pop(rid, None)
+        rec = self._progress.get(rid)
+        if rec is None:
+            rec = self._progress[rid] = Tracked(rid)
+        rec.request, rec.plan = request, None
         if num_computed % self.bs:
             return 0, False
-        toks = self.tokens(request)
-        if self.index.shared_view is not None and rid not in self._discovered:
-            self._discovered.add(rid)  # once per request: a lookup may be repeated
-            self.index.discover(toks, EngineHashes(self.hash_block, list(request.block_hashes), toks),
+        toks = rec.tokens.view(request.all_token_ids, request.num_tokens)
+        if self.index.shared_view is not None and not rec.discovered:
+            rec.discovered = True  # once per request: a lookup may be repeated
+            self.index.discover(toks, rec.engine_hashes(self.hash_block, request.block_hashes, toks),
                                 alignment=self.bs)
         plan = self.index.lookup(toks, alignment=self.hit_align, replay=False)
         if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
             return 0, False
-        self._hits[rid] = (plan, num_computed)
+        rec.plan, rec.plan_base = plan, num_computed
         return plan.num_tokens - num_computed, True
 
     def allocated(self, request: Any, block_ids: BlockIds, num_external: int) -> None:
         """vLLM's ``update_state_after_alloc``: lease the plan and queue its load."""
-        hit = self._hits.pop(request.request_id, None)
-        if num_external <= 0 or hit is None:
+        rec = self._progress.get(request.request_id)
+        plan = rec.plan if rec is not None else None
+        if rec is None or plan is None:
             return
-        plan, local = hit
+        rec.plan, local = None, rec.plan_base
+        if num_external <= 0:
+            return
         end = local + num_external
         toks = self.tokens(request)
         if end != plan.num_tokens:  # vLLM took less: the state must sit exactly at end
@@ -153,51 +188,56 @@ class SchedulerSide:
         for o in objs:
             self.stats.hit_sources[o.tier] += 1
         kv = [o for o in objs if o.ref.key.kind is ObjectKind.KV]
-        self.sources[request.request_id] = hit_sources(
+        rec.sources = hit_sources(
             [o.tier for o in kv], [(o.ref.key.start, o.ref.key.end) for o in kv], local, end,
             plan.state.tier if plan.state is not None else None)
 
     # ---------------------------------------------------------------- saves
-    def _admitted_states(self, rid: str, toks: np.ndarray, upto: int, cap: int) -> list[int]:
-        offers = self._offers.get(rid, {})
+    def _admitted_states(self, rec: Tracked, toks: np.ndarray, upto: int, cap: int) -> list[int]:
+        """Offered boundaries (every recurrent group's block known) up to ``upto`` that
+        admission wants (or the last boundary of ``cap``) and that are not saved yet."""
+        n_groups = len(self._recurrent)
+        full = [q for q in rec.open_offers if 0 < q <= upto and len(rec.offers[q]) == n_groups]
+        if not full:
+            return []
         last = cap - cap % self.bs
-        want = set(self.index.plan_saves(toks[:cap], alignment=self.bs).state_positions) | {last}
-        full = [q for q, by in offers.items()
-                if len(by) == len(self.groups.recurrent_groups) and q <= upto]
-        return sorted(q for q in full if q in want and q not in self._states_saved[rid] and q > 0)
+        want = set(self.index.plan_saves(toks[:cap], alignment=self.bs).state_positions)
+        want.add(last)
+        return sorted(q for q in full if q in want)
 
     def saves_for(self, request: Any, end: int, block_ids: BlockIds) -> SaveJob | None:
         """The save job for ``request`` once its first ``end`` tokens are computed."""
-        rid = request.request_id
+        rec = self._progress.get(request.request_id)
+        if rec is None:
+            return None
         cap = end if self.config.save_decode_cache else min(end, request.num_prompt_tokens)
         chunk = self.config.chunk_size
-        kv_from = self._kv_saved.get(rid, 0)
-        kvb = self.index.geometry.kv_bytes_per_token()
-        saved = self._states_saved.get(rid, set())
-        unsaved = self.groups.recurrent and any(q not in saved for q in self._offers.get(rid, {}))
+        kv_from = rec.kv_saved
+        kvb = self._kvb
+        unsaved = bool(self.groups.recurrent and rec.open_offers)
         if not unsaved and (not kvb or cap - cap % chunk <= kv_from):
             return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)
-        toks = self.tokens(request)[:end]
-        states = self._admitted_states(rid, toks, end, cap) if self.groups.recurrent else []
+        toks = rec.tokens.view(request.all_token_ids, request.num_tokens)[:end]
+        states = self._admitted_states(rec, toks, end, cap) if unsaved else []
         kv_to = max([cap - cap % chunk, *states])
         specs: list[ObjectSpec] = []
         if kv_to > kv_from and kvb:  # a state-only model (pure SSM) saves no KV
             specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
                       for s, e in cut_chunks(kv_from, kv_to, chunk, states)]
-        sb = self.index.geometry.state_bytes()
+        sb = self._sb
         specs += [ObjectSpec(ObjectKind.STATE, q, q, sb) for q in states if q >= kv_from]
         if not specs:
             return None
-        self._kv_saved[rid] = max(kv_from, kv_to)
-        self._states_saved[rid].update(states)
-        return self._job(request, toks, specs, block_ids,
-                         {q: dict(self._offers[rid][q]) for q in states})
+        rec.kv_saved = max(kv_from, kv_to)
+        rec.saved_states(states)
+        return self._job(rec, toks, specs, block_ids, {q: dict(rec.offers[q]) for q in states})
 
-    def _job(self, request: Any, toks: np.ndarray, specs: list[ObjectSpec], block_ids: BlockIds,
+    def _job(self, rec: Tracked, toks: np.ndarray, specs: list[ObjectSpec], block_ids: BlockIds,
              state_blocks: Mapping[int, Mapping[int, int]]) -> SaveJob | None:
         """Begin saving ``specs`` (a state at q copied from ``state_blocks[q]``: group ->
         block); None when the index wants none of them."""
-        hashes = EngineHashes(self.hash_block, list(request.block_hashes), toks)
+        request = rec.request
+        hashes = rec.engine_hashes(self.hash_block, request.block_hashes, toks)
         ticket = self.index.begin_save(toks, specs, hashes=hashes)
         objects = []
         for key, sp in zip(ticket.keys, specs, strict=True):
@@ -217,9 +257,10 @@ class SchedulerSide:
         the request's last computed token (its own bookkeeping, when it keyed a partial
         tail there); ``finish_tail`` copies the state from them."""
         n = request.num_computed_tokens
-        got = {int(g): int(b) for g, b, q in offloads if q == n and g in self.groups.recurrent_groups}
-        if got:
-            self._tail_blocks[request.request_id] = got
+        rec = self._progress.get(request.request_id)
+        got = {int(g): int(b) for g, b, q in offloads if q == n and g in self._recurrent}
+        if got and rec is not None:
+            rec.tail_blocks = got
 
     def finish_tail(self, request: Any, block_ids: BlockIds) -> bool:
         """Queue the save of the exact end-of-request state (module docstring) and the KV
@@ -228,12 +269,14 @@ class SchedulerSide:
         groups, a request with tokens in flight or preempted to zero, a tail on a block
         boundary (vLLM offers those) or already saved, and generated tokens unless
         ``save_decode_cache``."""
-        rid = request.request_id
+        rec = self._progress.get(request.request_id)
+        if rec is None:
+            return False
         n = request.num_computed_tokens
-        vllm_blocks = self._tail_blocks.pop(rid, None)
+        vllm_blocks, rec.tail_blocks = rec.tail_blocks, None
         cap = n if self.config.save_decode_cache else min(n, request.num_prompt_tokens)
         if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
-                or n in self._states_saved.get(rid, set()) or rid not in self._requests):
+                or n in rec.states_saved):
             return False
         if vllm_blocks is None and n % self.bs == 0:
             return False
@@ -242,15 +285,15 @@ class SchedulerSide:
                                  if idx < len(block_ids[g]) and block_ids[g][idx]}
         if len(blocks) != len(self.groups.recurrent_groups):
             return False  # a block already gone (null): nothing exact to copy
-        toks = self.tokens(request)[:n]
-        kv_from = self._kv_saved.get(rid, 0)
+        toks = rec.tokens.view(request.all_token_ids, request.num_tokens)[:n]
+        kv_from = rec.kv_saved
         specs: list[ObjectSpec] = []
-        kvb = self.index.geometry.kv_bytes_per_token()
+        kvb = self._kvb
         if kvb and n > kv_from:
             specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
                       for s, e in cut_chunks(kv_from, n, self.config.chunk_size)]
-        specs.append(ObjectSpec(ObjectKind.STATE, n, n, self.index.geometry.state_bytes()))
-        job = self._job(request, toks, specs, block_ids, {n: blocks})
+        specs.append(ObjectSpec(ObjectKind.STATE, n, n, self._sb))
+        job = self._job(rec, toks, specs, block_ids, {n: blocks})
         if job is None:
             return False
         self._finish_saves.append(job)
@@ -263,13 +306,20 @@ class SchedulerSide:
         self._loads, self._finish_saves = [], []
         bstate = scheduler_output.kv_connector_block_state
         for rid, offers in (bstate.boundary_state_offloads if bstate else {}).items():
+            rec = self._progress.get(rid)
+            if rec is None:
+                continue  # not a request the connector was asked about: nothing to save
             for g, block_id, q in offers:
-                self._offers[rid][int(q)][int(g)] = int(block_id)
+                q = int(q)
+                rec.offers.setdefault(q, {})[int(g)] = int(block_id)
+                if q not in rec.states_saved:
+                    rec.open_offers.add(q)
         for rid, n in scheduler_output.num_scheduled_tokens.items():
-            req = self._requests.get(rid)
+            rec = self._progress.get(rid)
             ids = bstate.get_block_ids(rid) if bstate is not None else None
-            if req is None or ids is None:
+            if rec is None or ids is None:
                 continue
+            req = rec.request
             job = self.saves_for(req, req.num_computed_tokens + n, tuple(tuple(x) for x in ids))
             if job is not None:
                 meta.saves.append(job)
@@ -324,14 +374,10 @@ class SchedulerSide:
     def finished(self, request: Any, block_ids: BlockIds = ()) -> bool:
         """vLLM's ``request_finished``: queue its end-of-request tail (``finish_tail``), then
         forget the request (its other saves are copied already). True: keep its blocks."""
-        rid = request.request_id
         held = self.finish_tail(request, block_ids) if block_ids else False
-        self._tail_blocks.pop(rid, None)
-        self._discovered.discard(rid)
-        for d in (self._requests, self._hits, self._kv_saved, self._states_saved, self._offers,
-                  self.sources):
-            d.pop(rid, None)
-        self.index.finish(self.tokens(request), request.num_prompt_tokens)
+        toks = self.tokens(request)
+        self._progress.pop(request.request_id, None)
+        self.index.finish(toks, request.num_prompt_tokens)
         return held
 
     def close(self) -> None:

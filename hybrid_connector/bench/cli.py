@@ -49,6 +49,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--model", help="geometry preset sizing the objects (default qwen3.5-4b)")
     c.add_argument("--no-progress", action="store_true", help="no live progress bar")
     c.set_defaults(func=run)
+    from hybrid_connector.bench.vllm_peers_cli import add_parser as add_vllm_peers
+
+    add_vllm_peers(bsub)
 
 
 def run(args: argparse.Namespace) -> int:

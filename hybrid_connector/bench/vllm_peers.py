@@ -1,0 +1,147 @@
+"""``hybrid-connector bench vllm-peers``: this project's connector against vLLM's own
+offloading connectors, inside vLLM 0.33's real ``Scheduler``, on CPU.
+
+Every peer serves the same traces with the same device blocks and the same host bytes
+(``vllm_peers_setups``); vLLM's code decides every hit (its scheduler, KV cache manager and
+each connector's scheduler side run unchanged); the one stand-in is the workers' GPU copy
+routine, a CPU copy (``vllm_peers_copy``). Every byte a hit restores is checked by the
+runner (``vllm_peers_runner``). The model is a scaled preset (``geometry.scaled``:
+Qwen3.5-4B by default, token counts divided by ``divisor`` so vLLM's CPU block is the real
+528-token block to scale, 32 tokens), vLLM's prefix caching in align mode with dense
+retention (``prefix_cache_retention_interval=None``: every block boundary kept and offered
+to connectors).
+
+Traces (``sim.traces_engine`` / ``sim.traces_mooncake``, fixed seeds, lengths divided by
+``scale``): chat with regenerations and edits, branching agents, LMCache's multi-round QA,
+a Mooncake-format replay. Host budgets are multiples of each trace's live-peak working set
+(``sim.working_set``: the clairvoyant peak of KV and states still due a reuse, in this
+geometry's bytes). The device cache is ``device_share`` of that working set (at least what
+``concurrency`` typical requests need), so vLLM's own prefix cache alone cannot hold it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hybrid_connector.bench import vllm_peers_setups as st
+
+TRACES = ("chat_edits", "agentic_branch", "multiround_qa", "mooncake")
+
+
+@dataclass(frozen=True)
+class PeersConfig:
+    """What one invocation runs (``quick`` and ``full`` below)."""
+
+    preset: str = "qwen3.5-4b"
+    divisor_near: float = 16.0
+    scale: int = 16
+    traces: dict[str, tuple[int, int]] = field(default_factory=lambda: {
+        "chat_edits": (128, 8), "agentic_branch": (24, 30), "multiround_qa": (200, 5),
+        "mooncake": (1000, 6)})
+    multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+    peers: tuple[str, ...] = st.PEERS
+    concurrency: int = 4
+    device_share: float = 0.15
+    seed: int = 0
+    max_out: int = 32  # answers longer than this are cut (decode steps dominate the run time)
+
+
+def quick() -> PeersConfig:
+    """~1-2 minutes on 2 cores: two traces, three budgets."""
+    return PeersConfig(traces={"chat_edits": (24, 6), "agentic_branch": (4, 16)},
+                       multiples=(0.25, 1.0, 4.0))
+
+
+def make_trace(name: str, size: tuple[int, int], seed: int, scale: int) -> list[dict[str, Any]]:
+    """The named trace's records (``size``: its generator's two counts)."""
+    from hybrid_connector.sim import traces_engine as te
+    from hybrid_connector.sim import traces_mooncake as tm
+
+    gen = {"chat_edits": te.chat_edits, "agentic_branch": te.agentic_branch,
+           "multiround_qa": te.multiround_qa, "mooncake": tm.mooncake}[name]
+    return gen(size[0], size[1], seed=seed, scale=scale)  # type: ignore[operator]
+
+
+def _device_blocks(records: list[dict[str, Any]], block: int, groups: int, live_tokens: float,
+                   cfg: PeersConfig) -> int:
+    """Device blocks: ``device_share`` of the trace's live-peak tokens in attention blocks,
+    at least what ``concurrency`` requests of the 90th-percentile length need (their
+    attention blocks and two running blocks per Mamba/GDN group)."""
+    lens = sorted(len(r["input_tokens"]) + min(len(r["output_tokens"]), cfg.max_out)
+                  for r in records)
+    p90 = lens[int(0.9 * (len(lens) - 1))]
+    need = cfg.concurrency * (math.ceil(p90 / block) + 2 * groups) + 4
+    share = int(cfg.device_share * live_tokens / block)
+    return max(need, share)
+
+
+def run_sweep(cfg: PeersConfig, *, progress: bool = True, work: Path | None = None,
+              configs: Path = Path("configs")) -> dict[str, Any]:
+    """Every trace x budget x peer (``none`` once per trace); returns the results document."""
+    from hybrid_connector.bench import vllm_peers_engine as eng
+    from hybrid_connector.bench.vllm_peers_run import EngineShape, run_one
+    from hybrid_connector.geometry.scaled import cpu_exact_divisor
+    from hybrid_connector.sim.working_set import budget_sweep, trace_stats, working_set_bytes
+
+    t0 = time.perf_counter()
+    root = Path(work or tempfile.mkdtemp(prefix="vllm-peers-"))
+    divisor = cpu_exact_divisor(cfg.preset, cfg.divisor_near)
+    model_dir, sg = eng.write_model(cfg.preset, divisor, root)
+    block = sg.cpu_block_size()
+    geom = sg.geometry
+    rows: list[dict[str, Any]] = []
+    traces: dict[str, Any] = {}
+    for tname, size in cfg.traces.items():
+        recs = make_trace(tname, size, cfg.seed, cfg.scale)
+        recs = [dict(r, output_tokens=r["output_tokens"][: cfg.max_out]) for r in recs]
+        stats = trace_stats(recs, block)
+        ws = working_set_bytes(recs, geom, "live_peak", stats, block)
+        vc0 = eng.vllm_config(model_dir, block, connector=None, num_blocks=512, max_len=1024,
+                              max_seqs=cfg.concurrency, batched=2048)
+        cfg0 = eng.kv_cache_config(vc0, block, 512)
+        groups = len(cfg0.kv_cache_groups)
+        block_bytes = sum(t.size for t in cfg0.kv_cache_tensors) // 512
+        nblocks = _device_blocks(recs, block, groups, stats["live_peak_tokens"], cfg)
+        max_len = max(len(r["input_tokens"]) + len(r["output_tokens"]) for r in recs) + 1
+        shape = EngineShape(model_dir, cfg.preset, block, nblocks, max_len, cfg.concurrency,
+                            batched=min(2048, cfg.concurrency * max_len))
+        traces[tname] = {"requests": len(recs), "prompt_tokens": int(sum(len(r["input_tokens"]) for r in recs)),
+                         "working_set_bytes": ws, "device_blocks": nblocks,
+                         "device_bytes": nblocks * block_bytes, "max_len": max_len,
+                         "reusable_share": stats["reusable_share"]}
+        budgets = budget_sweep(ws, cfg.multiples)
+        for m, budget in budgets.items():
+            for name in cfg.peers:
+                if name == "none" and m != cfg.multiples[0]:
+                    continue
+                p = st.peer(name, budget, preset=cfg.preset, block=block, work=root, configs=configs)
+                r = run_one(shape, p, recs)
+                r.update(trace=tname, multiple=m if name != "none" else None)
+                rows.append(r)
+                if progress:
+                    what = "any budget" if name == "none" else f"{m:g}x"
+                    print(f"  {tname:15s} {what:>10s} {st.LABELS[name]:28s} hit rate "
+                          f"{r['hit_rate']:.3f}  sched {r['sched_ms_mean']:.2f} ms/step  "
+                          f"({r['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    return {
+        "benchmark": "vllm-peers", "config": asdict(cfg), "vllm": _vllm_version(),
+        "geometry": {"preset": cfg.preset, "divisor": divisor, "block": block,
+                     "kv_bytes_per_token": geom.kv_bytes_per_token(),
+                     "state_bytes": geom.state_bytes(), "real_block": sg.real.block_size},
+        "traces": traces, "rows": rows, "peers": {n: st.LABELS[n] for n in cfg.peers},
+        "vllm_classes": {n: st.VLLM_CLASSES[n] for n in cfg.peers},
+        "stand_in": {n: st.STAND_IN.get(n, "none") for n in cfg.peers},
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(vllm.__version__)

@@ -1,0 +1,67 @@
+"""``hybrid-connector bench vllm-peers``: this connector against vLLM's own offloading
+connectors inside vLLM 0.33's real Scheduler (see ``vllm_peers``). Prints a table per trace,
+who wins at each budget and where the JSON, text and PNG went. Exit codes: 0 done, 1 a run
+read a wrong byte or did not finish, 2 vLLM is not installed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path("benchmarks") / "results"
+
+
+def add_parser(bsub: Any) -> None:
+    """Register ``vllm-peers`` under ``hybrid-connector bench``."""
+    c = bsub.add_parser("vllm-peers", help="head-to-head with vLLM's OffloadingConnector and "
+                                           "SimpleCPUOffloadConnector in vLLM's Scheduler")
+    c.add_argument("--quick", action="store_true", help="two small traces, three budgets (~2 min)")
+    c.add_argument("--out", help=f"directory for the results (default {DEFAULT_OUT})")
+    c.add_argument("--traces", help="comma-separated subset of the traces")
+    c.add_argument("--peers", help="comma-separated subset of the connectors")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    try:
+        import vllm  # noqa: F401
+    except ImportError as exc:
+        print(f"bench vllm-peers: needs vLLM 0.33 ({exc})", file=sys.stderr)
+        return 2
+    import dataclasses
+
+    from hybrid_connector.bench import vllm_peers as vp
+    from hybrid_connector.bench import vllm_peers_report as rep
+    from hybrid_connector.bench.vllm_peers_run import RunError
+
+    cfg = vp.quick() if args.quick else vp.PeersConfig()
+    if args.traces:
+        names = args.traces.split(",")
+        cfg = dataclasses.replace(cfg, traces={n: vp.PeersConfig().traces[n] if n not in cfg.traces
+                                               else cfg.traces[n] for n in names})
+    if args.peers:
+        cfg = dataclasses.replace(cfg, peers=tuple(args.peers.split(",")))
+    try:
+        doc = vp.run_sweep(cfg, progress=not args.no_progress)
+    except RunError as exc:
+        print(f"bench vllm-peers: FAILED: {exc}", file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out else DEFAULT_OUT
+    stem = "vllm_peers_quick" if args.quick else "vllm_peers"
+    report = rep.text(doc)
+    print(report)
+    jpath, tpath, ppath = (out / f"{stem}.json", out / f"{stem}.txt", out / f"{stem}.png")
+    rep.write_json(jpath, doc)
+    tpath.write_text(report + "\n")
+    why = rep.plot(ppath, doc)
+    print(f"\nwall time {doc['wall_s']:.0f} s")
+    print(f"JSON: {jpath.resolve()}")
+    print(f"text: {tpath.resolve()}")
+    print(f"PNG:  {ppath.resolve()}" if why is None else f"PNG not written: {why}")
+    return 0

@@ -1,0 +1,176 @@
+"""One head-to-head run: a trace served by vLLM's ``Scheduler`` with one connector.
+
+Requests arrive closed-loop in trace order: up to ``concurrency`` run at once, and a
+request waits while an earlier request of its session is still running (its prompt holds
+that request's answer). Each request asks for its recorded answer's length and samples the
+recorded tokens (``vllm_peers_runner``). Measured per run:
+
+* ``hit_tokens``: per request, ``num_computed_tokens`` when vLLM first schedules it (vLLM's
+  local prefix hit plus the connector's external hit, as vLLM's scheduler decided them);
+  ``vllm_hits`` cross-checks with vLLM's own ``SchedulerStats`` (prefix cache plus connector
+  prefix cache hits);
+* ``recomputed``: prompt tokens the runner computed (a preempted request computed again
+  counts again);
+* ``sched_ms``: ``schedule()`` + ``update_from_output()`` per step;
+* ``held_bytes``: host bytes the connector holds at the end, and the peak seen at every
+  ``probe_every`` steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybrid_connector.bench import vllm_peers_engine as eng
+from hybrid_connector.bench import vllm_peers_setups as st
+
+
+@dataclass(frozen=True)
+class EngineShape:
+    """The engine every peer runs under: model, block, device blocks, batch limits."""
+
+    model_dir: Path
+    preset: str
+    block: int
+    num_blocks: int
+    max_len: int
+    concurrency: int
+    batched: int
+
+
+class RunError(RuntimeError):
+    """A run that did not finish or read a wrong byte."""
+
+
+def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
+            probe_every: int = 50, max_steps: int = 400_000) -> dict[str, Any]:
+    """Serve ``records`` through vLLM's Scheduler with peer ``p`` (module docstring)."""
+    from hybrid_connector.bench import vllm_buffers as vb
+    from hybrid_connector.bench.vllm_peers_runner import Runner
+
+    t_start = time.perf_counter()
+    vc = eng.vllm_config(shape.model_dir, shape.block, connector=p.transfer,
+                         num_blocks=shape.num_blocks, max_len=shape.max_len,
+                         max_seqs=shape.concurrency, batched=shape.batched)
+    cfg = eng.kv_cache_config(vc, shape.block, shape.num_blocks)
+    bufs = eng.allocate(cfg)
+    worker = None
+    if p.transfer is not None:
+        worker = eng.make_worker(vc, cfg)
+        st.install_stand_in(p.name, worker)
+        vb.bind_backend(vc, cfg, vb.backend_class(eng.BACKEND))
+    runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND)
+    if p.name == "simple" and worker is not None:  # the engine core hands the workers' block count to the scheduler
+        vc.cache_config.simple_cpu_offload_num_blocks = worker.worker_handler.num_cpu_blocks
+    sched = eng.make_scheduler(vc, cfg, shape.block)
+    try:
+        out = _drive(shape, p, sched, runner, worker, records, probe_every, max_steps)
+    finally:
+        for c in (getattr(sched, "connector", None), worker):
+            if c is not None:
+                c.shutdown()
+    if runner.bad:
+        raise RunError(f"{p.name}: wrong bytes read: {runner.bad[:3]}")
+    out["wall_s"] = time.perf_counter() - t_start
+    return out
+
+
+def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
+           records: list[dict[str, Any]], probe_every: int, max_steps: int) -> dict[str, Any]:
+    pending: deque[tuple[str, list[int], int]] = deque()
+    session_of: dict[str, str] = {}
+    prompts: dict[str, int] = {}
+    for i, r in enumerate(records):
+        rid = f"q{i}"
+        prompt = [int(x) for x in r["input_tokens"]][: shape.max_len - 1]
+        answer = [int(x) for x in r["output_tokens"]][: max(1, shape.max_len - len(prompt))]
+        runner.outputs[rid] = answer
+        session_of[rid] = str(r["session_id"])
+        prompts[rid] = len(prompt)
+        pending.append((rid, prompt, len(answer)))
+    busy: set[str] = set()
+    running = 0
+    step_ms: list[float] = []
+    vllm_hits = 0
+    peak = 0
+    steps = 0
+    while pending or sched.has_unfinished_requests():
+        while pending and running < shape.concurrency and session_of[pending[0][0]] not in busy:
+            rid, prompt, n_out = pending.popleft()
+            sched.add_request(eng.make_request(rid, prompt, n_out, shape.block))
+            busy.add(session_of[rid])
+            running += 1
+        t0 = time.perf_counter()
+        so = sched.schedule()
+        t1 = time.perf_counter()
+        mro = runner.step(so)
+        t2 = time.perf_counter()
+        eco = sched.update_from_output(so, mro)
+        step_ms.append((time.perf_counter() - t2 + t1 - t0) * 1e3)
+        for e in eco.values():
+            s = e.scheduler_stats
+            if s is not None:
+                vllm_hits += s.prefix_cache_stats.hits
+                if s.connector_prefix_cache_stats is not None:
+                    vllm_hits += s.connector_prefix_cache_stats.hits
+            for o in e.outputs:
+                if o.finish_reason is not None:
+                    busy.discard(session_of[o.request_id])
+                    running -= 1
+        steps += 1
+        if steps % probe_every == 0:
+            peak = max(peak, st.held_bytes(p.name, sched, worker))
+        if steps > max_steps:
+            raise RunError(f"{p.name}: not finished after {max_steps} steps")
+    for _ in range(3):  # the last saves' reports come back
+        so = sched.schedule()
+        sched.update_from_output(so, runner.step(so))
+    if p.name == "ours":
+        _settle(sched, runner)
+    held = st.held_bytes(p.name, sched, worker)
+    loaded, stored = st.moved_bytes(p.name, worker)
+    prompt_total = sum(prompts.values())
+    hits = sum(min(runner.first_hit.get(r, 0), prompts[r]) for r in prompts)
+    ms = np.asarray(step_ms)
+    return {
+        "peer": p.name, "budget": p.budget, "requests": len(records), "steps": steps,
+        "prompt_tokens": prompt_total, "hit_tokens": hits, "vllm_hits": int(vllm_hits),
+        "hit_rate": hits / prompt_total if prompt_total else 0.0,
+        "recomputed": int(runner.computed_prompt_tokens),
+        "held_bytes": held, "peak_bytes": max(peak, held),
+        "bytes_per_hit_token": max(peak, held) / hits if hits else None,
+        "sched_ms_mean": float(ms.mean()), "sched_ms_p50": float(np.percentile(ms, 50)),
+        "sched_ms_p99": float(np.percentile(ms, 99)),
+        "checked_tokens": int(runner.checked_tokens), "preempted": int(runner.preempted),
+        "standin_loaded_bytes": loaded, "standin_stored_bytes": stored,
+        **_ours_stats(p.name, sched),
+    }
+
+
+def _settle(sched: Any, runner: Any, deadline_s: float = 30.0) -> None:
+    """Step the idle engine until our connector's in-flight saves are reported (they come
+    back a step or more after the copy)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        so = sched.schedule()
+        sched.update_from_output(so, runner.step(so))
+        if not sched.requests:
+            return
+        time.sleep(0.01)
+
+
+def _ours_stats(name: str, sched: Any) -> dict[str, Any]:
+    """Our connector's own counters (hits, loaded tokens, failed loads)."""
+    if name != "ours":
+        return {}
+    s = sched.connector.sched.stats
+    return {"ours": {"lookups": int(s.lookups), "hits": int(s.hits), "hit_tokens": int(s.hit_tokens),
+                     "loads": int(s.loads), "loaded_tokens": int(s.loaded_tokens),
+                     "failed_loads": int(s.failed_loads),
+                     "hits_without_state": int(s.hits_without_state),
+                     "saved_objects": dict(s.saved_objects)}}

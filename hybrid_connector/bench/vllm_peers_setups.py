@@ -1,0 +1,145 @@
+"""The connectors of the head-to-head and how each is configured for one host budget.
+
+Every peer is loaded through vLLM's ``KVConnectorFactory`` from a ``KVTransferConfig``, as
+``--kv-transfer-config`` would; the budget is the same host bytes for every one:
+
+* ``none``: vLLM's own prefix cache alone (no connector);
+* ``offload-lru`` / ``offload-arc``: vLLM's ``OffloadingConnector`` with its default
+  ``CPUOffloadingSpec`` (``cpu_bytes_to_use`` = the budget, ``eviction_policy`` ``lru`` or
+  ``arc``; its other keys at their defaults, ``offload_prompt_only`` included);
+* ``simple``: vLLM's ``SimpleCPUOffloadConnector`` (``cpu_bytes_to_use`` = the budget);
+* ``ours``: ``HybridConnector`` with the shipped ``configs/vllm-qwen3_5.yaml`` (or
+  ``vllm-nemotron_h.yaml``) taken to scale: ``chunk_size`` two vLLM blocks,
+  ``hash_block_size`` / ``alignment`` one block, no disk, and ``pools.host`` the budget split
+  in the shipped ratio of KV to state (24 : 12 of the shipped 40 GB; anchors are unused
+  under vLLM, ``replay: false``).
+
+The host tier holds one budget per object kind in this project's tiers; a single pooled host
+budget with per-kind accounting (``pooled_eviction``) is honoured by the simulator only, so
+no "one pooled budget" variant runs here (the docs page says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PEERS = ("none", "offload-lru", "offload-arc", "simple", "ours")
+LABELS = {
+    "none": "vLLM prefix cache only",
+    "offload-lru": "OffloadingConnector (LRU)",
+    "offload-arc": "OffloadingConnector (ARC)",
+    "simple": "SimpleCPUOffloadConnector",
+    "ours": "HybridConnector (ours)",
+}
+VLLM_CLASSES = {
+    "none": "Scheduler + KVCacheManager (align-mode prefix caching)",
+    "offload-lru": "OffloadingConnector, OffloadingConnectorScheduler, CPUOffloadingSpec, "
+                   "CPUOffloadingManager + LRUCachePolicy, OffloadingConnectorWorker",
+    "offload-arc": "OffloadingConnector, OffloadingConnectorScheduler, CPUOffloadingSpec, "
+                   "CPUOffloadingManager + ARCCachePolicy, OffloadingConnectorWorker",
+    "simple": "SimpleCPUOffloadConnector, SimpleCPUOffloadScheduler (host BlockPool LRU)",
+    "ours": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
+}
+STAND_IN = {
+    "offload-lru": "CPUOffloadingWorker's CUDA block copies -> CpuOffloadingWorker (CPU copy)",
+    "offload-arc": "CPUOffloadingWorker's CUDA block copies -> CpuOffloadingWorker (CPU copy)",
+    "simple": "SimpleCPUOffloadWorker's streams + DMA backend -> CpuSimpleWorker (CPU copy)",
+}
+SHIPPED = {"qwen3.5-4b": "vllm-qwen3_5.yaml", "nemotron-h-8b": "vllm-nemotron_h.yaml"}
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One connector at one host budget: its ``KVTransferConfig`` as JSON (None: none)."""
+
+    name: str
+    budget: int
+    transfer: dict[str, Any] | None
+
+
+def ours_yaml(preset: str, block: int, budget: int, configs: Path) -> str:
+    """The shipped config for ``preset`` taken to the benchmark's scale (module docstring)."""
+    cfg = yaml.safe_load((configs / SHIPPED[preset]).read_text())
+    host = cfg.get("pools", {}).get("host", {})
+    kv_share = _gb(host.get("kv", "24GB")) / (_gb(host.get("kv", "24GB")) + _gb(host.get("state", "12GB")))
+    for k in ("local_disk", "max_local_disk_size", "disk_fsync", "disk_verify_reads", "remote_url"):
+        cfg.pop(k, None)
+    kv = int(budget * kv_share)
+    cfg.update({"chunk_size": 2 * block, "hash_block_size": block, "alignment": block,
+                "local_cpu": True, "max_local_cpu_size": f"{budget}B",
+                "pools": {"host": {"kv": f"{kv}B", "state": f"{budget - kv}B", "anchor": "0B"}}})
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def _gb(v: Any) -> float:
+    s = str(v).strip().upper().removesuffix("B")
+    mult = {"G": 1e9, "M": 1e6, "K": 1e3}.get(s[-1:], 1.0)
+    return float(s[:-1] if s[-1:] in "GMK" else s) * mult
+
+
+def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path) -> Peer:
+    """``name`` (one of :data:`PEERS`) at ``budget`` host bytes."""
+    if name == "none":
+        return Peer(name, budget, None)
+    if name in ("offload-lru", "offload-arc"):
+        extra: dict[str, Any] = {"cpu_bytes_to_use": budget,
+                                 "eviction_policy": name.split("-")[1]}
+        return Peer(name, budget, {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                                   "kv_connector_extra_config": extra})
+    if name == "simple":
+        return Peer(name, budget, {"kv_connector": "SimpleCPUOffloadConnector",
+                                   "kv_role": "kv_both",
+                                   "kv_connector_extra_config": {"cpu_bytes_to_use": budget}})
+    if name == "ours":
+        path = work / f"ours-{budget}.yaml"
+        path.write_text(ours_yaml(preset, block, budget, configs))
+        return Peer(name, budget, {"kv_connector": "HybridConnector",
+                                   "kv_connector_module_path": "hybrid_connector.integrations.vllm",
+                                   "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                                   "kv_connector_extra_config": {"config_file": str(path)}})
+    raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+
+
+def install_stand_in(name: str, worker: Any) -> None:
+    """Replace ``worker``'s GPU copy routine by the CPU one (``vllm_peers_copy``)."""
+    from hybrid_connector.bench import vllm_peers_copy as vc
+
+    if name.startswith("offload"):
+        vc.install_offloading_worker(worker)
+    elif name == "simple":
+        vc.install_simple_worker(worker)
+
+
+def held_bytes(name: str, sched: Any, worker: Any) -> int:
+    """Host bytes the connector holds now (its own accounting: chunks, blocks, pools)."""
+    if name == "none" or worker is None:
+        return 0
+    if name.startswith("offload"):
+        m = sched.connector.connector_scheduler.manager
+        spec = worker.connector_worker.spec
+        used = m._num_chunks - m._get_num_free_chunks()
+        return int(used * spec.kv_bytes_per_chunk)
+    if name == "simple":
+        pool = sched.connector.scheduler_manager.cpu_block_pool
+        used = sum(len(v) if isinstance(v, dict) else 1  # blocks holding a cached hash
+                   for v in pool.cached_block_hash_to_block._cache.values())
+        return int(used * worker.worker_handler.bytes_per_block)
+    from hybrid_connector.core.keys import ObjectKind
+
+    tiers = worker.worker.worker.executor.tiers.values()
+    return int(sum(t.used(k) for t in tiers for k in ObjectKind))
+
+
+def moved_bytes(name: str, worker: Any) -> tuple[int, int]:
+    """(loaded, stored) bytes the stand-in copy moved (0, 0 for ``none`` and ours)."""
+    if name.startswith("offload") and worker is not None:
+        w = worker.connector_worker.worker
+        return int(w.loaded_bytes), int(w.stored_bytes)
+    if name == "simple" and worker is not None:
+        w = worker.worker_handler
+        return int(w.loaded_bytes), int(w.stored_bytes)
+    return 0, 0

@@ -47,10 +47,29 @@ __all__ = [
     "Part",
     "PayloadLayout",
     "anchor_layout",
+    "conv_part",
     "kv_layout",
+    "kv_layout_of",
+    "kv_parts",
+    "recurrent_part",
     "state_layout",
     "torch_dtype",
 ]
+
+
+def kv_parts(layer: int) -> tuple[str, str]:
+    """The names of attention layer ``layer``'s K and V parts in a KV chunk."""
+    return f"layers.{layer}.k", f"layers.{layer}.v"
+
+
+def conv_part(layer: int) -> str:
+    """The name of recurrent layer ``layer``'s conv state part in a state checkpoint."""
+    return f"layers.{layer}.conv_state"
+
+
+def recurrent_part(layer: int) -> str:
+    """The name of recurrent layer ``layer``'s recurrent state part in a state checkpoint."""
+    return f"layers.{layer}.recurrent_state"
 
 
 def _kv_specs(g: ModelGeometry, num_tokens: int) -> list[TensorSpec]:
@@ -64,8 +83,9 @@ def _kv_specs(g: ModelGeometry, num_tokens: int) -> list[TensorSpec]:
     v_shape = (num_tokens, heads, g.attention.v_dim)
     out: list[TensorSpec] = []
     for i in g.attention_layers:
-        out.append(TensorSpec(f"layers.{i}.k", k_shape, g.dtype))
-        out.append(TensorSpec(f"layers.{i}.v", v_shape, g.dtype))
+        k, v = kv_parts(i)
+        out.append(TensorSpec(k, k_shape, g.dtype))
+        out.append(TensorSpec(v, v_shape, g.dtype))
     return out
 
 
@@ -75,10 +95,9 @@ def _state_specs(g: ModelGeometry) -> list[TensorSpec]:
         shapes = rank_dims.state_shapes(g, layer)
         if shapes is None:
             continue
-        out.append(TensorSpec(f"layers.{layer.index}.conv_state", shapes.conv, g.dtype))
+        out.append(TensorSpec(conv_part(layer.index), shapes.conv, g.dtype))
         if shapes.recurrent is not None:
-            out.append(TensorSpec(f"layers.{layer.index}.recurrent_state", shapes.recurrent,
-                                  g.state_dtype))
+            out.append(TensorSpec(recurrent_part(layer.index), shapes.recurrent, g.state_dtype))
     return out
 
 
@@ -92,6 +111,17 @@ def kv_layout(geometry: ModelGeometry, num_tokens: int) -> PayloadLayout:
     (no parts, 0 bytes) for a model without attention layers. Raises ValueError for a
     negative ``num_tokens``."""
     return PayloadLayout.of(ObjectKind.KV, _kv_specs(geometry, num_tokens))
+
+
+def kv_layout_of(geometry: ModelGeometry, payload: torch.Tensor) -> PayloadLayout:
+    """The KV layout of a KV chunk ``payload`` whose token count only its size tells (its
+    bytes over ``geometry.kv_bytes_per_token()``). Raises ValueError when the size is not
+    whole tokens."""
+    n = payload.numel() * payload.element_size()
+    per = geometry.kv_bytes_per_token()
+    if not per or n % per:
+        raise ValueError(f"a KV payload of {n} B is not whole tokens of {per} B")
+    return kv_layout(geometry, n // per)
 
 
 @functools.lru_cache(maxsize=64)

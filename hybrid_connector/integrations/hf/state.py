@@ -45,6 +45,7 @@ import torch
 
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.integrations.hf import pack as hf_pack
+from hybrid_connector.payload import layout as parts_of
 from hybrid_connector.payload.layout import PayloadLayout, kv_layout, state_layout
 
 
@@ -66,12 +67,12 @@ class RecurrentSlot:
     @property
     def conv_part(self) -> str:
         """Name of the conv state's part in ``layout.state_layout``."""
-        return f"layers.{self.layer}.conv_state"
+        return parts_of.conv_part(self.layer)
 
     @property
     def rec_part(self) -> str:
         """Name of the recurrent state's part in ``layout.state_layout``."""
-        return f"layers.{self.layer}.recurrent_state"
+        return parts_of.recurrent_part(self.layer)
 
 
 @dataclass(frozen=True)
@@ -227,8 +228,9 @@ class HFStateAdapter:
         where = self._where()
         kv = kv_layout(self.geometry, 1)
         for a in self.attention:
-            for name, dim in (("k", a.head_dim), ("v", a.v_dim)):
-                part = kv.part(f"layers.{a.layer}.{name}")
+            names = parts_of.kv_parts(a.layer)
+            for name, dim, part_name in zip("kv", (a.head_dim, a.v_dim), names, strict=True):
+                part = kv.part(part_name)
                 have = ((1, a.kv_heads, dim), a.dtype)
                 if have != (part.shape, part.torch_dtype):
                     raise ValueError(
@@ -282,8 +284,9 @@ class HFStateAdapter:
         payload, views = layout.allocate(cache.layers[self.attention[0].layer].keys.device)
         for a in self.attention:
             layer = cache.layers[a.layer]
-            hf_pack.gather_kv(layer.keys, start, views[f"layers.{a.layer}.k"])
-            hf_pack.gather_kv(layer.values, start, views[f"layers.{a.layer}.v"])
+            k, v = parts_of.kv_parts(a.layer)
+            hf_pack.gather_kv(layer.keys, start, views[k])
+            hf_pack.gather_kv(layer.values, start, views[v])
         return layout.commit(payload, views)
 
     def extract_state(self, cache: Any) -> torch.Tensor:

@@ -38,7 +38,7 @@ from hybrid_connector.integrations.vllm.meta import Held, LoadJob, SaveJob, Save
 from hybrid_connector.integrations.vllm.pages import kv_view, state_views
 from hybrid_connector.integrations.vllm.setup import Groups, HybridStartupError, layer_index
 from hybrid_connector.integrations.vllm.stats import HybridStats
-from hybrid_connector.payload.layout import PayloadLayout, kv_layout
+from hybrid_connector.payload.layout import PayloadLayout, kv_layout, kv_layout_of
 from hybrid_connector.payload.paged import gather_paged_kv, scatter_paged_kv
 from hybrid_connector.runtime.ranks import LoadReport, OpReport, RankWorker
 
@@ -119,8 +119,7 @@ class WorkerSide:
         """Write tokens ``[a, b)`` of a KV chunk payload beginning at token ``start`` into
         the request's blocks (``a`` block aligned; a partial last block keeps its other
         slots; ``payload.paged.scatter_paged_kv``)."""
-        lay = kv_layout(self.geometry, payload_tokens(self.geometry, payload))
-        scatter_paged_kv(lay, payload, self._caches(), self._tables(block_ids, a, b),
+        scatter_paged_kv(kv_layout_of(self.geometry, payload), payload, self._caches(), self._tables(block_ids, a, b),
                          block_layout=KV_FIRST, tokens=(a - start, b - start))
 
     # ---------------------------------------------------------------- states
@@ -221,15 +220,6 @@ class WorkerSide:
 
     def flush(self, timeout: float | None = None) -> None:
         self.worker.executor.flush(timeout)
-
-
-def payload_tokens(geometry: ModelGeometry, payload: torch.Tensor) -> int:
-    """Tokens in a KV chunk payload (its bytes over the geometry's KV bytes per token)."""
-    n = payload.numel() * payload.element_size()
-    per = geometry.kv_bytes_per_token()
-    if n % per:
-        raise ValueError(f"a KV payload of {n} B is not whole tokens of {per} B")
-    return n // per
 
 
 SendFn = Callable[[OpReport], None]

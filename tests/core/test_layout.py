@@ -266,3 +266,13 @@ def test_paged_kv_per_layer_tables_and_token_windows(lo: int, hi: int) -> None:
         scatter_paged_kv(lay, payload, dst, dst_tables, tokens=(4, 13))
     with pytest.raises(ValueError, match="1 block tables for 2 layer caches"):
         gather_paged_kv(lay, src, tables[:1])
+
+
+def test_payload_layout_does_not_depend_on_policies() -> None:
+    """The anchor size rule is the geometry's (``geometry.anchors``): the payload layout
+    packs to it without importing the policies package, directly or through another
+    module."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("hybrid_connector")
+    assert not graph.chain_exists(importer="hybrid_connector.payload",
+                                  imported="hybrid_connector.policies", as_packages=True)

@@ -98,7 +98,7 @@ class CacheIndex(IndexCore):
         use_replay = self.config.replay if replay is None else replay
         with self.lock:
             m = self.tree.match(arr)
-            hit = self._find(m, arr.size, align, use_replay, self.usable)
+            hit = self._find(m, arr.size, align, use_replay, self.table.usable)
             pending = 0
             if self.table.has_pending:
                 later = self._find(m, arr.size, align, use_replay,
@@ -134,9 +134,9 @@ class CacheIndex(IndexCore):
             miss = LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
             if not 0 < p < arr.size or p > m.length:
                 return miss
-            chain, reach = kv_chain(m, self.max_kv_len, self.usable, needs_kv=self.needs_kv)
+            chain, reach = kv_chain(m, self.max_kv_len, self.table.usable, needs_kv=self.needs_kv)
             node = next((n for n in m.path if n.depth == p), None)
-            usable_state = node is not None and node.state is not None and self.usable(node.state.key)
+            usable_state = node is not None and node.state is not None and self.table.usable(node.state.key)
             if reach < p or (self.needs_state and not usable_state):
                 return miss
             target = node if node is not None else self.tree.root
@@ -272,7 +272,8 @@ class CacheIndex(IndexCore):
         with self.lock:
             ticket, foreign = self.saver.begin(tokens, specs, hashes, start)
             ticket = ticket.behind(self.table.take_ops())
-            self.table.queue_foreign(foreign)
+            if foreign:
+                self.table.queue_foreign(foreign)
         self.deliver_foreign_drops()
         return ticket
 
@@ -280,7 +281,9 @@ class CacheIndex(IndexCore):
                       results: Sequence[bool]) -> None:
         """See ``Saver.complete``; the ops it leaves go to ``drain``."""
         with self.lock:
-            self.issue(self.saver.complete(ticket, indices, results))
+            out = self.saver.complete(ticket, indices, results)
+            if out:
+                self.issue(out)
         self.deliver_foreign_drops()
 
     def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:

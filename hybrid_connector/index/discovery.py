@@ -30,7 +30,8 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind, as_tokens
 from hybrid_connector.index.hit import kv_chain
 from hybrid_connector.index.manifests import decode_record, manifest_name
 from hybrid_connector.index.reclaim import Reclaimer
-from hybrid_connector.index.state import Effects, IndexCore
+from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.table import Effects
 
 
 class SharedView(Protocol):
@@ -61,7 +62,7 @@ def discover(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, tokens: np.n
     stop = t0 + deadline_s
     with ix.lock:
         m = ix.tree.match(arr)
-        _, reach = kv_chain(m, ix.max_kv_len, ix.usable, needs_kv=ix.needs_kv)
+        _, reach = kv_chain(m, ix.max_kv_len, ix.table.usable, needs_kv=ix.needs_kv)
     start_reach = pos = reach
     out = Effects()
     while pos < arr.size - 1 and time.monotonic() < stop:
@@ -95,7 +96,7 @@ def _adopt(ix: IndexCore, reclaim: Reclaimer, arr: np.ndarray, key: ObjectKey,
     if pl.tier is None:
         return False
     leaf = ix.tree.extend(ix.node_ending_at(arr, key.start), arr[key.start : key.end])
-    ix.attach_ready(leaf, key, nbytes)
+    ix.attach(leaf, key, nbytes)
     return True
 
 
@@ -106,7 +107,7 @@ def _probe_states(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, arr: np
     leaves joins ``out``."""
     with ix.lock:
         m = ix.tree.match(arr)
-        have = max((n.depth for n in m.path if n.state is not None and ix.usable(n.state.key)),
+        have = max((n.depth for n in m.path if n.state is not None and ix.table.usable(n.state.key)),
                    default=0)
     hi = min(reach, arr.size - 1)
     cands = list(range(hi - hi % align, have, -align))
@@ -124,5 +125,5 @@ def _probe_states(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, arr: np
         out += reclaim.apply(pl)
         if pl.tier is None:
             return 0
-        ix.attach_ready(ix.node_ending_at(arr, key.end), key, ix.geometry.state_bytes())
+        ix.attach(ix.node_ending_at(arr, key.end), key, ix.geometry.state_bytes())
     return 1

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from hybrid_connector.core.hashes import continue_hashes
 from hybrid_connector.core.keys import ROOT_HASH, ObjectKey, ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
-from hybrid_connector.index.state import Effects, IndexCore
+from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.table import Effects
 from hybrid_connector.tree.radix import Node
 
 Item = tuple[ObjectKey, int, ObjectMeta | None]
@@ -67,7 +68,7 @@ def relink(ix: IndexCore, items: Iterable[Item], verify: bool = True) -> Rebuilt
                     left.append(key)
                     continue
                 leaf = ix.tree.extend(_end_node(ix, node, depth), meta.tokens)
-                ix.attach_ready(leaf, key, n)
+                ix.attach(leaf, key, n)
                 done[ObjectKind.KV] += 1
                 for pos, h in hashes:  # a later chunk may start at any of these positions
                     if h not in known:
@@ -84,7 +85,7 @@ def relink(ix: IndexCore, items: Iterable[Item], verify: bool = True) -> Rebuilt
             if key.kind is ObjectKind.ANCHOR and (holder.start >= key.end or holder.depth < key.end):
                 left.append(key)
                 continue
-            ix.attach_ready(holder, key, n)
+            ix.attach(holder, key, n)
             done[key.kind] += 1
         left += [k for group in chunks.values() for k, _, _ in group]
     return Rebuilt({k.value: v for k, v in done.items()}, tuple(left))

@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.index.state import Effects, IndexCore
+from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.table import Effects
 from hybrid_connector.tiers.ledger import Placement
 from hybrid_connector.tree.radix import Node, ObjectRef
 
@@ -37,10 +38,11 @@ class Reclaimer:
         bytes freed, effects). ``keep``: keys of the batch."""
         ix = self.ix
         freed, out = 0, Effects()
-        kinds = ix.ledger.room_kinds(kind)
+        kinds: tuple[ObjectKind, ...] = ()
         while True:
             if ix.ledger.fits(pending):
                 return True, freed, out
+            kinds = kinds or ix.ledger.room_kinds(kind)  # asked only when room is short
             got = self._first(self.reclaim_orphan, kinds, keep, out)
             if got is None:  # the policy orders the kinds sharing the budget (pooled: by utility)
                 order = ix.eviction.victim_kinds(kinds) if len(kinds) > 1 else kinds
@@ -82,7 +84,7 @@ class Reclaimer:
     def evictable(self, node: Node, kind: ObjectKind) -> bool:
         """May ``kind`` be taken from ``node`` now? (the policies call this)"""
         ix = self.ix
-        if node is ix.tree.root or ix.busy(node):
+        if node is ix.tree.root or ix.table.busy(node):
             return False
         if kind is ObjectKind.KV:
             return ix.tree.can_remove(node)
@@ -148,7 +150,7 @@ class Reclaimer:
                 out += self.prune_upward(child)  # may release ``node`` too, walking up
         if ix.tree.node(node.id) is not node or node.is_leaf:
             return out
-        if ix.tree.can_merge(node) and not ix.busy(node):
+        if ix.tree.can_merge(node) and not ix.table.busy(node):
             nid = node.id
             child = ix.tree.merge_into_child(node)
             ix.eviction.on_remove(nid)
@@ -163,7 +165,7 @@ class Reclaimer:
         if not ix.needs_state:
             return out
         cur: Node | None = node
-        while (cur is not None and ix.tree.can_remove(cur) and not ix.busy(cur)
+        while (cur is not None and ix.tree.can_remove(cur) and not ix.table.busy(cur)
                and cur.state is None and not (ix.config.replay and cur.anchors)
                and not serves_ancestor_state(cur)):
             parent = cur.parent
@@ -183,7 +185,7 @@ class Reclaimer:
             self.remove_leaf(cur)
             assert parent is not None
             cur = parent
-        if cur.id >= first_new and ix.tree.can_merge(cur) and not ix.busy(cur):
+        if cur.id >= first_new and ix.tree.can_merge(cur) and not ix.table.busy(cur):
             nid = cur.id
             cur = ix.tree.merge_into_child(cur)
             ix.eviction.on_remove(nid)
@@ -238,7 +240,7 @@ class Reclaimer:
         """Without recurrent layers nothing prunes: remove object-less leaves upward."""
         ix = self.ix
         cur: Node | None = node
-        while (cur is not None and ix.tree.can_remove(cur) and not ix.busy(cur)
+        while (cur is not None and ix.tree.can_remove(cur) and not ix.table.busy(cur)
                and not cur.kv and not cur.anchors and cur.state is None):
             parent = cur.parent
             self.remove_leaf(cur)

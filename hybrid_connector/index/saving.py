@@ -31,10 +31,11 @@ from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.manifests import encode_record, manifest_name
 from hybrid_connector.index.plan import ObjectSpec, Rejection, SaveResult
 from hybrid_connector.index.reclaim import Reclaimer
-from hybrid_connector.index.state import Effects, IndexCore
+from hybrid_connector.index.state import IndexCore
+from hybrid_connector.index.table import Effects
 from hybrid_connector.policies.admission.anchors import anchor_block_bytes
 from hybrid_connector.tiers.ops import Move, Op, Put, Record, Remove
-from hybrid_connector.tree.radix import Node, ObjectRef
+from hybrid_connector.tree.radix import Node
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Saver:
         self._next = 1
         self._failed: dict[int, list[Rejection]] = {}  # ticket id -> puts that failed
         self._anchor_bytes: int | None = None
+        self._shared = index.ledger.shared_tier  # fixed by the ledger's tiers
 
     # ------------------------------------------------------------------ checks
     def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
@@ -118,7 +120,7 @@ class Saver:
         """Unindex objects of this save that the index lists but the tiers lost without
         telling (a restarted remote), so they are stored again instead of "present"."""
         ix = self.ix
-        keys = [k for k in keys if k in ix.table and ix.usable(k)]
+        keys = [k for k in keys if k in ix.table and ix.table.usable(k)]
         with ix.ledger.lock:
             lost = [k for k in keys if ix.ledger.where(k) is None]
         out = Effects()
@@ -213,14 +215,11 @@ class Saver:
         ``out`` (the ticket's so far; ``puts`` maps the index of each put of ``key`` in
         them). A KV chunk written to the shared tier is announced there too
         (``hybrid_connector.index.manifests``)."""
-        ix = self.ix
-        with ix.ledger.lock:  # replace-then-place is one decision of the ledger's
-            # ``begin`` places only keys that are not indexed, or doomed: what the ledger
-            # still lists of one is an orphan (a warm restart could not re-link it) or the
-            # remains of a doomed one; replace it (unknown keys: no ops)
-            out.ops += ix.ledger.remove(key)
-            placement = ix.ledger.place(key, nbytes)
-        shared = ix.ledger.shared_tier
+        ix, shared = self.ix, self._shared
+        # ``begin`` places only keys that are not indexed, or doomed: what the ledger still
+        # lists of one is an orphan (a warm restart could not re-link it) or the remains of
+        # a doomed one, which this save replaces
+        placement = ix.ledger.place(key, nbytes, replace=True)
         for op in placement.ops:
             if isinstance(op, Put) and op.key == key:
                 puts[len(out.ops)] = (key, op.tier == shared)
@@ -243,22 +242,12 @@ class Saver:
         """Attach a placed object, pending, to the node on ``leaf``'s path holding its end
         (the removal of a shorter chunk it replaces comes back)."""
         ix = self.ix
-        out = Effects()
         node = ix.deepest_holder(leaf, key.end)
-        ref = ObjectRef(key, nbytes)
-        if key.kind is ObjectKind.STATE:
-            if node.depth != key.end:
-                node = ix.tree.split(node, key.end)
-            ix.tree.set_state(node, ref)
-        elif key.kind is ObjectKind.KV:
-            old = ix.tree.add_kv(node, ref)
-            if old is not None and old.key != key:  # a chunk covering more replaced it
-                out = self.reclaim.forget([old])
-        else:
-            ix.tree.add_anchor(node, ref)
-        ix.table.index_pending(key, node.id)
-        ix.eviction.on_change(node)
-        return out
+        if key.kind is ObjectKind.STATE and node.depth != key.end:
+            node = ix.tree.split(node, key.end)
+        old = ix.attach(node, key, nbytes, pending=True)
+        # a chunk covering more replaced a shorter one with its end: that one goes
+        return self.reclaim.forget([old]) if old is not None else Effects()
 
     # ------------------------------------------------------------------ complete
     def complete(self, ticket: SaveTicket, indices: Sequence[int],

@@ -1,19 +1,15 @@
 """The state a ``CacheIndex`` shares with its halves (``Reclaimer``, ``Saver``, discovery,
 rebuild): the tree, the ledger and the policies (``IndexCore``), and the per-key
-bookkeeping in a ``StateTable``, the one owner of the placement of objects, pending puts,
-doomed objects, leases and the ops left for the workers: its methods are the only writers
-of those (``tests/core/test_index_state_owner.py`` parses the index's modules to hold
-that). The halves return what they leave (``Effects``); ``IndexCore.issue`` queues it. See
+bookkeeping in a ``StateTable`` (``hybrid_connector.index.table``, its one owner). The
+halves return what they leave (``Effects``); ``IndexCore.issue`` queues it. See
 ``hybrid_connector.index.cache_index`` for the contracts; nothing here takes a decision.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -21,10 +17,11 @@ import numpy as np
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.core.keys import ObjectKey, ObjectKind, model_fingerprint
 from hybrid_connector.geometry.model import ModelGeometry
+from hybrid_connector.index.table import Effects, Lease, StateTable
 from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy
 from hybrid_connector.tiers.backend import Backend
 from hybrid_connector.tiers.ops import Op
-from hybrid_connector.tree.radix import IntegrityError, Node, ObjectRef, RadixTree
+from hybrid_connector.tree.radix import Node, ObjectRef, RadixTree
 
 __all__ = ["CacheStats", "Effects", "IndexCore", "Lease", "Policies", "StateTable",
            "check_alignment"]
@@ -58,198 +55,6 @@ class CacheStats:
     @property
     def request_hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
-
-
-@dataclass(frozen=True)
-class Lease:
-    """Locks taken by ``acquire``; pass back to ``release`` exactly once (a second release
-    raises ValueError)."""
-
-    id: int
-    kv_nodes: tuple[int, ...]
-    state_node: int
-    anchor_nodes: tuple[int, ...]
-    keys: tuple[ObjectKey, ...] = ()
-
-
-@dataclass
-class Effects:
-    """What a change of the index leaves for its caller to issue: ``ops`` for the workers,
-    to run in this order, and ``foreign``, other models' keys the ledger dropped (to report
-    outside the index's lock). Saving, reclaim, discovery and rebuild return one; the index
-    (``IndexCore.issue``) queues them for ``drain`` or puts them in a save's ticket."""
-
-    ops: list[Op] = field(default_factory=list)
-    foreign: list[ObjectKey] = field(default_factory=list)
-
-    def __iadd__(self, other: Effects) -> Effects:
-        self.ops += other.ops
-        self.foreign += other.foreign
-        return self
-
-
-class StateTable:
-    """What an index knows of each object, beside the tree's refs: the node holding it
-    (placement), whether its put is still in flight (pending), whether the tiers lost it
-    while a lease held it (doomed), and the leases; plus the ops left for the workers and
-    other models' keys to report. These methods are its only writers (a test parses the
-    index's modules to hold that).
-
-    Invariants (``check``): pending and doomed keys are placed; every lease's keys are
-    counted in the leased counter, which holds nothing else. The caller holds the index's
-    lock around every call; nothing here does I/O or takes another lock.
-    """
-
-    def __init__(self, max_kv_len: int = 0) -> None:
-        self._where: dict[ObjectKey, int] = {}  # key -> id of the node holding its ref
-        self._pending: set[ObjectKey] = set()   # indexed, put in flight: not loadable yet
-        self._doomed: set[ObjectKey] = set()    # lost while leased: unindexed at release
-        self._leases: dict[int, Lease] = {}
-        self._leased: Counter[ObjectKey] = Counter()
-        self._next_lease = 1
-        self._outbox: list[Op] = []
-        self._foreign_drops: list[ObjectKey] = []
-        self.max_kv_len = max_kv_len  # the longest KV chunk indexed so far (hit search bound)
-
-    # ------------------------------------------------------------------ queries
-    def node_of(self, key: ObjectKey) -> int | None:
-        """Id of the node holding ``key``'s ref (None: not indexed)."""
-        return self._where.get(key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._where
-
-    def __len__(self) -> int:
-        return len(self._where)
-
-    def placement(self) -> Mapping[ObjectKey, int]:
-        """Key -> node id, read-only (a live view)."""
-        return MappingProxyType(self._where)
-
-    def is_pending(self, key: ObjectKey) -> bool:
-        return key in self._pending
-
-    @property
-    def has_pending(self) -> bool:
-        return bool(self._pending)
-
-    def pending_keys(self) -> frozenset[ObjectKey]:
-        return frozenset(self._pending)
-
-    def is_doomed(self, key: ObjectKey) -> bool:
-        return key in self._doomed
-
-    def doomed_keys(self) -> frozenset[ObjectKey]:
-        return frozenset(self._doomed)
-
-    def usable(self, key: ObjectKey) -> bool:
-        """Indexed or not, may it be planned? (not in flight, not doomed)"""
-        return key not in self._pending and key not in self._doomed
-
-    def is_leased(self, key: ObjectKey) -> bool:
-        return self._leased.get(key, 0) > 0
-
-    def active_leases(self) -> Mapping[int, Lease]:
-        """Lease id -> lease, read-only (a live view)."""
-        return MappingProxyType(self._leases)
-
-    # ------------------------------------------------------------------ placement
-    def index_ready(self, key: ObjectKey, node_id: int) -> None:
-        """``key`` is indexed, loadable, at node ``node_id`` (a warm restart's or another
-        instance's object, or one the tree moved; see ``moved``)."""
-        self._where[key] = node_id
-        if key.kind is ObjectKind.KV:
-            self.max_kv_len = max(self.max_kv_len, key.end - key.start)
-
-    def index_pending(self, key: ObjectKey, node_id: int) -> None:
-        """``key`` was placed and is indexed at ``node_id`` with its put in flight (no
-        longer doomed: this save replaces what was lost)."""
-        self.index_ready(key, node_id)
-        self._doomed.discard(key)
-        self._pending.add(key)
-
-    def moved(self, node: Node, refs: Iterable[ObjectRef]) -> None:
-        """The tree moved ``refs`` to ``node`` (a split or a merge): their placement follows."""
-        for r in refs:
-            self._where[r.key] = node.id
-
-    def landed(self, key: ObjectKey) -> int | None:
-        """``key``'s put succeeded: loadable from now. The node holding it, when it was
-        pending (None: it was not, nothing changed)."""
-        if key not in self._pending:
-            return None
-        self._pending.discard(key)
-        return self._where[key]
-
-    def doom(self, key: ObjectKey) -> None:
-        """The tiers lost ``key`` while a lease holds it: never planned again, unindexed
-        when the lease is released. ``key`` must be indexed."""
-        if key not in self._where:
-            raise KeyError(f"{key} is not indexed")
-        self._doomed.add(key)
-
-    def pardon(self, key: ObjectKey) -> None:
-        """``key`` is no longer doomed (whether it was or not)."""
-        self._doomed.discard(key)
-
-    def forget(self, key: ObjectKey) -> None:
-        """``key`` is no longer indexed (pending, doomed or ready). Unknown keys: no-op."""
-        self._where.pop(key, None)
-        self._pending.discard(key)
-        self._doomed.discard(key)
-
-    # ------------------------------------------------------------------ leases
-    def open_lease(self, kv_nodes: tuple[int, ...], state_node: int,
-                   anchor_nodes: tuple[int, ...], keys: tuple[ObjectKey, ...]) -> Lease:
-        """Record a new lease over ``keys`` (its tree locks are the caller's)."""
-        lease = Lease(self._next_lease, kv_nodes, state_node, anchor_nodes, keys)
-        self._next_lease += 1
-        self._leases[lease.id] = lease
-        self._leased.update(keys)
-        return lease
-
-    def close_lease(self, lease: Lease) -> None:
-        """Drop ``lease``'s record and its keys' counts. Raises ValueError when it was
-        released already or is not this table's (nothing changes then)."""
-        if self._leases.get(lease.id) != lease:
-            raise ValueError(f"lease {lease.id} was already released (or is not this index's)")
-        del self._leases[lease.id]
-        self._leased.subtract(lease.keys)
-        for key in lease.keys:
-            if self._leased[key] <= 0:
-                del self._leased[key]
-
-    # ------------------------------------------------------------------ effects
-    def queue(self, ops: Iterable[Op]) -> None:
-        """Ops for the workers, run after those queued before (see ``take_ops``)."""
-        self._outbox.extend(ops)
-
-    def take_ops(self) -> list[Op]:
-        """The ops queued since the last call, in order; the queue is left empty."""
-        ops, self._outbox = self._outbox, []
-        return ops
-
-    def queue_foreign(self, keys: Iterable[ObjectKey]) -> None:
-        """Keys of other models the ledger dropped (reported outside the index's lock)."""
-        self._foreign_drops.extend(keys)
-
-    def take_foreign(self) -> list[ObjectKey]:
-        keys, self._foreign_drops = self._foreign_drops, []
-        return keys
-
-    # ------------------------------------------------------------------ integrity
-    def check(self) -> None:
-        """Raise ``IntegrityError`` unless pending and doomed keys are placed and the leased
-        counter is exactly the leases' keys."""
-        if not self._pending <= self._where.keys():
-            raise IntegrityError("a pending key is not indexed")
-        if not self._doomed <= self._where.keys():
-            raise IntegrityError("a doomed key is not indexed")
-        want: Counter[ObjectKey] = Counter()
-        for lease in self._leases.values():
-            want.update(lease.keys)
-        if +want != +self._leased:
-            raise IntegrityError("leased keys do not match the active leases")
 
 
 def check_alignment(alignment: int) -> int:
@@ -306,16 +111,6 @@ class IndexCore:
         return self.table.max_kv_len
 
     # ---------------------------------------------------------------- state
-    def usable(self, key: ObjectKey) -> bool:
-        return self.table.usable(key)
-
-    def busy(self, node: Node) -> bool:
-        """Does ``node`` hold an object whose put is in flight? (never evicted or merged)"""
-        if not self.table.has_pending:
-            return False
-        refs = [*node.kv.values(), *node.anchors.values(), *([node.state] if node.state else [])]
-        return any(self.table.is_pending(r.key) for r in refs)
-
     def issue(self, effects: Effects) -> None:
         """Queue what a change left: its ops for ``drain``, its foreign drops for
         ``deliver_foreign_drops`` (index lock held)."""
@@ -357,18 +152,26 @@ class IndexCore:
             raise KeyError(f"node {node_id} is gone while locked (bookkeeping bug)")
         return node
 
-    def attach_ready(self, node: Node, key: ObjectKey, nbytes: int) -> None:
-        """Index an object that is already stored (a warm restart, another instance's on
-        the shared tier) at ``node``, whose edge holds its end (a state: ends there)."""
+    def attach(self, node: Node, key: ObjectKey, nbytes: int,
+               pending: bool = False) -> ObjectRef | None:
+        """Index ``key`` at ``node``, whose edge holds its end (a state: ends there): an
+        object already stored (a warm restart, another instance's on the shared tier), or
+        (``pending``) one just placed, its put in flight. Returns the KV chunk it replaced
+        (same end, covering less), which the caller forgets; else None."""
         ref = ObjectRef(key, nbytes)
+        old = None
         if key.kind is ObjectKind.KV:
-            self.tree.add_kv(node, ref)
+            old = self.tree.add_kv(node, ref)
         elif key.kind is ObjectKind.STATE:
             self.tree.set_state(node, ref)
         else:
             self.tree.add_anchor(node, ref)
-        self.table.index_ready(key, node.id)
+        if pending:
+            self.table.index_pending(key, node.id)
+        else:
+            self.table.index_ready(key, node.id)
         self.eviction.on_change(node)
+        return old if old is not None and old.key != key else None
 
     def node_ending_at(self, tokens: np.ndarray, pos: int) -> Node:
         """A node ending exactly at ``pos`` of ``tokens`` (split off when ``pos`` falls

@@ -177,14 +177,17 @@ class Ledger(Room):
             return [k for t in tiers for k in t.lru if not self.entries[k].pending]
 
     # ------------------------------------------------------------------ placement
-    def place(self, key: ObjectKey, nbytes: int) -> Placement:
+    def place(self, key: ObjectKey, nbytes: int, replace: bool = False) -> Placement:
         """Reserve room for a new object (pending until ``commit``): ops to make room, then a
         ``Put`` to the chosen local tier and, with a shared tier, a ``Put`` of the copy
-        there. Raises KeyError when ``key`` is already in the ledger."""
+        there. ``replace``: what the ledger still lists of ``key`` is removed first (those
+        ops come first); else raises KeyError when ``key`` is already in the ledger."""
         with self.lock:
-            if key in self.entries:
-                raise KeyError(f"{key} is already placed")
             ops: list[Op] = []
+            if key in self.entries:
+                if not replace:
+                    raise KeyError(f"{key} is already placed")
+                ops += self.remove(key)
             dropped: list[ObjectKey] = []
             exclude = {key}
             self.clock += 1

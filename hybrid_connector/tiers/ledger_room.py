@@ -1,6 +1,7 @@
 """How the ledger makes room in a local tier (mixed into ``hybrid_connector.tiers.ledger.Ledger``, which
 owns the state): pick victims, demote them down the local tiers, move them off the local
-tiers to the shared one, or drop them. See ``hybrid_connector.tiers.ledger`` for the rules."""
+tiers to the shared one, or drop them. See ``hybrid_connector.tiers.ledger`` for the rules.
+Only the ledger's public methods call these, with the ledger's lock held."""
 
 from __future__ import annotations
 

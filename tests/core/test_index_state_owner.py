@@ -1,4 +1,4 @@
-"""The index's state table (``hybrid_connector.index.state.StateTable``) is the only writer of
+"""The index's state table (``hybrid_connector.index.table.StateTable``) is the only writer of
 its fields: the placement of objects, pending puts, doomed objects, leases, the ops left for
 the workers and other models' drops.
 
@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 INDEX = ROOT / "hybrid_connector" / "index"
-OWNER_MODULE, OWNER_CLASS = "state.py", "StateTable"
+OWNER_MODULE, OWNER_CLASS = "table.py", "StateTable"
 MUTATORS = {"add", "append", "extend", "insert", "pop", "popitem", "discard", "remove",
             "update", "clear", "setdefault", "subtract", "__setitem__", "__delitem__"}
 # Names the state had before it had one owner (IndexCore's fields), still its public views.
@@ -143,7 +143,7 @@ def test_ops_left_undrained_run_first_in_the_next_ticket() -> None:
 
 def test_check_names_a_broken_table() -> None:
     from hybrid_connector.core.keys import ObjectKey, ObjectKind
-    from hybrid_connector.index.state import StateTable
+    from hybrid_connector.index.table import StateTable
     from hybrid_connector.tree.radix import IntegrityError
 
     key = ObjectKey("fp", b"\x00" * 16, ObjectKind.STATE, 4, 4)

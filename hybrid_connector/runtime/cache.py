@@ -41,7 +41,8 @@ from hybrid_connector.index.discovery import Found
 from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveItem, SaveResult
 from hybrid_connector.index.saving import SaveTicket
 from hybrid_connector.index.state import CacheStats, Lease, Policies, check_alignment
-from hybrid_connector.policies.base import AdmissionPolicy, EvictionPolicy, SavePlan
+from hybrid_connector.policies.base import EvictionPolicy, SavePlan
+from hybrid_connector.runtime.api import CacheAPI
 from hybrid_connector.tiers.executor import Executor
 from hybrid_connector.tiers.ops import Op
 from hybrid_connector.tiers.store import ObjectStore
@@ -51,9 +52,9 @@ __all__ = ["CacheStats", "HybridCache", "Lease", "check_alignment"]
 log = logging.getLogger(__name__)
 
 
-class HybridCache:
+class HybridCache(CacheAPI):
     """Prefix cache for one model fingerprint over one ``ObjectStore`` whose bytes live in this
-    process (``store.executor`` is required). See ``CacheIndex`` for ``layout`` and
+    process (``store.executor`` is required); the verbs' contracts are ``CacheAPI``'s. See ``CacheIndex`` for ``layout`` and
     ``model_id``; ``hybrid_connector.assemble`` builds the policies and the store from a
     config."""
 
@@ -98,14 +99,6 @@ class HybridCache:
     @property
     def eviction(self) -> EvictionPolicy:
         return self.index.eviction
-
-    @property
-    def admission(self) -> AdmissionPolicy:
-        return self.index.admission
-
-    @property
-    def needs_state(self) -> bool:
-        return self.index.needs_state
 
     def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
         """Payload bytes the geometry gives an object (see ``Saver.expected_nbytes``)."""
@@ -192,7 +185,7 @@ class HybridCache:
             self._run_drained()
         log.warning("load of %d/%d objects failed; recomputing", len(failed), len(refs))
         hit = 0
-        if not self.needs_state:
+        if not self.index.needs_state:
             hit = min(reach, plan.num_tokens)
             hit -= hit % max(1, plan.alignment)
         return LoadResult(hit, True, tuple(kv), failed=failed, kv_tokens=reach)

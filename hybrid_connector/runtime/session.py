@@ -21,45 +21,16 @@ Saves are keyed by the request's ``ChainHasher``, so each costs O(new tokens).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
 
-from hybrid_connector.core.config import HybridConfig
-from hybrid_connector.core.hashes import ChainHasher, Hashes
+from hybrid_connector.core.hashes import ChainHasher
 from hybrid_connector.core.keys import ObjectKind, as_tokens
-from hybrid_connector.index.discovery import Found
 from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveItem, SaveResult
 from hybrid_connector.index.state import Lease
-from hybrid_connector.policies.base import SavePlan
+from hybrid_connector.runtime.api import CacheAPI
 from hybrid_connector.runtime.progress import RequestProgress
-
-
-class SessionCache(Protocol):
-    """What a session drives: ``HybridCache`` (embedded) or ``ServerCache`` (server mode),
-    with the contracts ``HybridCache`` documents."""
-
-    @property
-    def config(self) -> HybridConfig: ...
-    def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,
-                 alignment: int | None = None) -> Found: ...
-    def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None,
-               replay: bool | None = None) -> LoadPlan: ...
-    def record_lookup(self, plan: LoadPlan) -> None: ...
-    def plan_saves(self, tokens: Sequence[int] | np.ndarray,
-                   alignment: int | None = None) -> SavePlan: ...
-    def acquire(self, plan: LoadPlan) -> Lease | None: ...
-    def load(self, plan: LoadPlan) -> LoadResult: ...
-    def release(self, lease: Lease | None) -> None: ...
-    def save(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem],
-             hashes: Hashes | None = None, start: tuple[int, int] | None = None
-             ) -> SaveResult: ...
-    def final_checkpoint(self, num_tokens: int, alignment: int | None = None) -> int: ...
-    def finish(self, tokens: Sequence[int] | np.ndarray, items: Iterable[SaveItem] = (),
-               prompt_len: int | None = None, hashes: Hashes | None = None,
-               start: tuple[int, int] | None = None) -> SaveResult: ...
-
 
 KVFn = Callable[[int, int], torch.Tensor]  # payload of the KV chunk [start, end)
 Gate = Callable[[LoadPlan], bool]  # may an approximate (replay) plan be used?
@@ -90,7 +61,7 @@ class RequestSession:
     what was loaded, the hit, what is saved) is its ``progress`` record, the one the vLLM
     connector keeps per request too. Not thread safe."""
 
-    def __init__(self, cache: SessionCache, prompt: Sequence[int] | np.ndarray, *,
+    def __init__(self, cache: CacheAPI, prompt: Sequence[int] | np.ndarray, *,
                  alignment: int | None = None, replay: bool | None = None,
                  gate: Gate | None = None, record: bool = True) -> None:
         self.cache = cache

@@ -45,7 +45,6 @@ from typing import Any
 import torch
 
 from hybrid_connector import assemble
-from hybrid_connector.assemble import EngineCache
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.geometry.anchors import configured_anchors
 from hybrid_connector.geometry.model import ModelGeometry
@@ -54,6 +53,7 @@ from hybrid_connector.integrations.hf.anchors import AnchorLayout, AnchorRecorde
 from hybrid_connector.integrations.hf.replay import gather_anchors, refuse_replay, replay_states
 from hybrid_connector.integrations.hf.state import HFStateAdapter, model_forward, new_model_cache
 from hybrid_connector.payload.layout import anchor_layout
+from hybrid_connector.runtime.api import CacheAPI
 from hybrid_connector.runtime.session import RequestSession
 from hybrid_connector.runtime.suffix_replay import ReplayGate
 from hybrid_connector.tiers.store import ObjectStore
@@ -117,7 +117,7 @@ class HFRuntime:
     to 1 (``config.alignment`` is for paged engines such as vLLM).
     """
 
-    def __init__(self, model: Any, cache: EngineCache, *, anchors: bool | None = None,
+    def __init__(self, model: Any, cache: CacheAPI, *, anchors: bool | None = None,
                  gate: ReplayGate | None = None, alignment: int = 1) -> None:
         if alignment <= 0:
             raise ValueError(f"alignment must be positive, got {alignment}")

@@ -1,7 +1,8 @@
-"""``ServerCache``: the embedded ``HybridCache``'s interface, served by a cache server.
+"""``ServerCache``: ``CacheAPI`` (the embedded ``HybridCache``'s verbs) served by a cache
+server.
 
 An integration gets one from ``assemble.cache`` when the config has ``cache_server``; it
-calls the same methods with the same contracts (see ``HybridCache``), and the index, the
+calls the same methods with the same contracts (see ``CacheAPI``), and the index, the
 policies and the bytes live in the server, shared with every other engine of the model.
 What differs, and why:
 
@@ -50,6 +51,7 @@ from hybrid_connector.remote.client.connection import Connection, ServerRefused,
 from hybrid_connector.remote.wire import convert as cv
 from hybrid_connector.remote.wire import messages as m
 from hybrid_connector.remote.wire.frames import Code, Ext, split_payloads
+from hybrid_connector.runtime.api import CacheAPI
 
 log = logging.getLogger(__name__)
 T = TypeVar("T", bound=m.Msg)
@@ -60,8 +62,9 @@ def _bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
-class ServerCache:
-    """See the module docstring. Thread safe (a pool of connections)."""
+class ServerCache(CacheAPI):
+    """See the module docstring; the verbs' contracts are ``CacheAPI``'s. Thread safe (a
+    pool of connections)."""
 
     def __init__(self, config: HybridConfig, geometry: ModelGeometry,
                  layout: dict[str, object] | None = None, model_id: str = "") -> None:
@@ -79,7 +82,6 @@ class ServerCache:
         self._leases: dict[LoadPlan, list[int]] = {}
         self._lock = threading.Lock()
         self.stats = CacheStats()
-        self.needs_state = bool(geometry.recurrent_layers)
         conn = self._connect()
         self.fingerprint = self._fp
         self._idle.put(conn)

@@ -1,7 +1,10 @@
-"""``Backend``: what an index stores through. A ledger (what is where, budgets), the lock
-that guards it, the hooks of every index attached to it, and the executor of this
-process's tiers when the bytes live here (embedded mode, the cache server); without one
-(a scheduler process whose bytes live in TP workers) the owner ships the ops elsewhere.
+"""``Backend``: the ledger half of a store, what an index stores through. A ledger (what is
+where, budgets), the lock that guards it, the hooks of every index attached to it, and the
+executor of this process's tiers when the bytes live here. With the bytes here, a store is
+an ``ObjectStore`` (``hybrid_connector.tiers.store``, built as a ``TieredStore``), which adds
+the object calls; a bare ``Backend`` (no executor) is what a process whose bytes live
+elsewhere holds (a vLLM scheduler, whose bytes are in its TP workers): the owner ships the
+ops there.
 
 Several indexes (models) may share one backend: each attaches ``StoreHooks`` under its
 model fingerprint and is told only about its own keys. Lock order: an index's lock, then
@@ -34,7 +37,8 @@ def spec_of(tier: Tier) -> TierSpec:
 
 
 class Backend:
-    """A ledger over ``specs`` (fastest first) plus an optional local ``executor``.
+    """A ledger over ``specs`` (fastest first) plus an optional local ``executor`` (a store
+    with its bytes here is an ``ObjectStore``; see the module docstring).
     ``keeps_meta``: whether saves must hand each object its ``ObjectMeta`` (False for a
     backend that keeps no bytes, such as the simulator's: building metadata is then skipped)."""
 
@@ -47,13 +51,6 @@ class Backend:
         # of ledger calls and its hooks hold it too.
         self.lock = self.ledger.lock
         self.executor = executor
-
-    @classmethod
-    def over(cls, tiers: Sequence[Tier], inline: bool = False) -> Backend:
-        """A backend whose bytes live in ``tiers``, in this process."""
-        shared = [t.name for t in tiers if getattr(t, "shared", False)]
-        ex = Executor(tiers, shared=shared[0] if shared else None, inline=inline)
-        return cls([spec_of(t) for t in tiers], ex)
 
     # ------------------------------------------------------------------ hooks
     def attach(self, fingerprint: str, hooks: StoreHooks) -> None:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -205,8 +206,11 @@ class SchedulerSide:
         want.add(last)
         return sorted(q for q in full if q in want)
 
-    def saves_for(self, request: Any, end: int, block_ids: BlockIds) -> SaveJob | None:
-        """The save job for ``request`` once its first ``end`` tokens are computed."""
+    def saves_for(self, request: Any, end: int,
+                  block_ids: Callable[[], Sequence[Sequence[int]] | None]) -> SaveJob | None:
+        """The save job for ``request`` once its first ``end`` tokens are computed;
+        ``block_ids`` gives its blocks per group (asked only when there is something to
+        save; None: vLLM no longer knows the request, nothing is saved)."""
         rec = self._progress.get(request.request_id)
         if rec is None:
             return None
@@ -226,11 +230,13 @@ class SchedulerSide:
                       for s, e in cut_chunks(kv_from, kv_to, chunk, states)]
         sb = self._sb
         specs += [ObjectSpec(ObjectKind.STATE, q, q, sb) for q in states if q >= kv_from]
-        if not specs:
+        ids = block_ids() if specs else None
+        if ids is None:
             return None
         rec.kv_saved = max(kv_from, kv_to)
         rec.saved_states(states)
-        return self._job(rec, toks, specs, block_ids, {q: dict(rec.offers[q]) for q in states})
+        return self._job(rec, toks, specs, tuple(tuple(x) for x in ids),
+                         {q: dict(rec.offers[q]) for q in states})
 
     def _job(self, rec: Tracked, toks: np.ndarray, specs: list[ObjectSpec], block_ids: BlockIds,
              state_blocks: Mapping[int, Mapping[int, int]]) -> SaveJob | None:
@@ -314,13 +320,13 @@ class SchedulerSide:
                 rec.offers.setdefault(q, {})[int(g)] = int(block_id)
                 if q not in rec.states_saved:
                     rec.open_offers.add(q)
-        for rid, n in scheduler_output.num_scheduled_tokens.items():
+        for rid, n in scheduler_output.num_scheduled_tokens.items() if bstate is not None else ():
             rec = self._progress.get(rid)
-            ids = bstate.get_block_ids(rid) if bstate is not None else None
-            if rec is None or ids is None:
+            if rec is None:
                 continue
-            req = rec.request
-            job = self.saves_for(req, req.num_computed_tokens + n, tuple(tuple(x) for x in ids))
+            req = rec.request  # block ids are copied only for a step that saves something
+            job = self.saves_for(req, req.num_computed_tokens + n,
+                                 partial(bstate.get_block_ids, rid))
             if job is not None:
                 meta.saves.append(job)
         drained = self.gather.drained()

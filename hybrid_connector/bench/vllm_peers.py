@@ -21,6 +21,7 @@ geometry's bytes). The device cache is ``device_share`` of that working set (at 
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import tempfile
@@ -41,9 +42,10 @@ class PeersConfig:
     preset: str = "qwen3.5-4b"
     divisor_near: float = 16.0
     scale: int = 16
+    # half the generators' default sizes (their >= 1,000 requests take ~1 h here on 2 cores)
     traces: dict[str, tuple[int, int]] = field(default_factory=lambda: {
-        "chat_edits": (128, 8), "agentic_branch": (24, 30), "multiround_qa": (200, 5),
-        "mooncake": (1000, 6)})
+        "chat_edits": (64, 8), "agentic_branch": (12, 30), "multiround_qa": (100, 5),
+        "mooncake": (300, 6)})
     multiples: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
     peers: tuple[str, ...] = st.PEERS
     concurrency: int = 4
@@ -53,9 +55,11 @@ class PeersConfig:
 
 
 def quick() -> PeersConfig:
-    """~1-2 minutes on 2 cores: two traces, three budgets."""
-    return PeersConfig(traces={"chat_edits": (24, 6), "agentic_branch": (4, 16)},
-                       multiples=(0.25, 1.0, 4.0))
+    """~2 minutes on 2 cores: three small traces, three budgets, two requests at once (so
+    the device cache is small next to the traces' working sets)."""
+    return PeersConfig(traces={"chat_edits": (32, 6), "agentic_branch": (8, 10),
+                               "multiround_qa": (40, 4)},
+                       multiples=(0.25, 1.0, 4.0), concurrency=2)
 
 
 def make_trace(name: str, size: tuple[int, int], seed: int, scale: int) -> list[dict[str, Any]]:
@@ -82,63 +86,95 @@ def _device_blocks(records: list[dict[str, Any]], block: int, groups: int, live_
 
 
 def run_sweep(cfg: PeersConfig, *, progress: bool = True, work: Path | None = None,
-              configs: Path = Path("configs")) -> dict[str, Any]:
-    """Every trace x budget x peer (``none`` once per trace); returns the results document."""
+              configs: Path = Path("configs"), jobs: int = 1) -> dict[str, Any]:
+    """Every trace x budget x peer (``none`` once per trace); returns the results document.
+    ``jobs`` > 1 runs that many traces at once, each in its own process (every run inside
+    one trace stays sequential, so one trace's figures never share a process)."""
     from hybrid_connector.bench import vllm_peers_engine as eng
-    from hybrid_connector.bench.vllm_peers_run import EngineShape, run_one
     from hybrid_connector.geometry.scaled import cpu_exact_divisor
-    from hybrid_connector.sim.working_set import budget_sweep, trace_stats, working_set_bytes
 
     t0 = time.perf_counter()
     root = Path(work or tempfile.mkdtemp(prefix="vllm-peers-"))
     divisor = cpu_exact_divisor(cfg.preset, cfg.divisor_near)
     model_dir, sg = eng.write_model(cfg.preset, divisor, root)
-    block = sg.cpu_block_size()
+    args = [(cfg, t, root, model_dir, configs, progress) for t in cfg.traces]
+    if jobs > 1 and len(args) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(min(jobs, len(args)), mp_context=mp.get_context("spawn")) as ex:
+            done = list(ex.map(_run_trace, args))
+    else:
+        done = [_run_trace(a) for a in args]
     geom = sg.geometry
-    rows: list[dict[str, Any]] = []
-    traces: dict[str, Any] = {}
-    for tname, size in cfg.traces.items():
-        recs = make_trace(tname, size, cfg.seed, cfg.scale)
-        recs = [dict(r, output_tokens=r["output_tokens"][: cfg.max_out]) for r in recs]
-        stats = trace_stats(recs, block)
-        ws = working_set_bytes(recs, geom, "live_peak", stats, block)
-        vc0 = eng.vllm_config(model_dir, block, connector=None, num_blocks=512, max_len=1024,
-                              max_seqs=cfg.concurrency, batched=2048)
-        cfg0 = eng.kv_cache_config(vc0, block, 512)
-        groups = len(cfg0.kv_cache_groups)
-        block_bytes = sum(t.size for t in cfg0.kv_cache_tensors) // 512
-        nblocks = _device_blocks(recs, block, groups, stats["live_peak_tokens"], cfg)
-        max_len = max(len(r["input_tokens"]) + len(r["output_tokens"]) for r in recs) + 1
-        shape = EngineShape(model_dir, cfg.preset, block, nblocks, max_len, cfg.concurrency,
-                            batched=min(2048, cfg.concurrency * max_len))
-        traces[tname] = {"requests": len(recs), "prompt_tokens": int(sum(len(r["input_tokens"]) for r in recs)),
-                         "working_set_bytes": ws, "device_blocks": nblocks,
-                         "device_bytes": nblocks * block_bytes, "max_len": max_len,
-                         "reusable_share": stats["reusable_share"]}
-        budgets = budget_sweep(ws, cfg.multiples)
-        for m, budget in budgets.items():
-            for name in cfg.peers:
-                if name == "none" and m != cfg.multiples[0]:
-                    continue
-                p = st.peer(name, budget, preset=cfg.preset, block=block, work=root, configs=configs)
-                r = run_one(shape, p, recs)
-                r.update(trace=tname, multiple=m if name != "none" else None)
-                rows.append(r)
-                if progress:
-                    what = "any budget" if name == "none" else f"{m:g}x"
-                    print(f"  {tname:15s} {what:>10s} {st.LABELS[name]:28s} hit rate "
-                          f"{r['hit_rate']:.3f}  sched {r['sched_ms_mean']:.2f} ms/step  "
-                          f"({r['wall_s']:.0f} s)", file=sys.stderr, flush=True)
     return {
         "benchmark": "vllm-peers", "config": asdict(cfg), "vllm": _vllm_version(),
-        "geometry": {"preset": cfg.preset, "divisor": divisor, "block": block,
+        "geometry": {"preset": cfg.preset, "divisor": divisor, "block": sg.cpu_block_size(),
                      "kv_bytes_per_token": geom.kv_bytes_per_token(),
                      "state_bytes": geom.state_bytes(), "real_block": sg.real.block_size},
-        "traces": traces, "rows": rows, "peers": {n: st.LABELS[n] for n in cfg.peers},
+        "traces": {t: info for t, info, _ in done},
+        "rows": [r for _, _, rows in done for r in rows],
+        "peers": {n: st.LABELS[n] for n in cfg.peers},
         "vllm_classes": {n: st.VLLM_CLASSES[n] for n in cfg.peers},
         "stand_in": {n: st.STAND_IN.get(n, "none") for n in cfg.peers},
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
+               ) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    """One trace's runs: ``(trace, its figures, its rows)``."""
+    import os
+
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from hybrid_connector.bench import vllm_peers_engine as eng
+    from hybrid_connector.bench.vllm_peers_run import EngineShape, run_one
+    from hybrid_connector.geometry.scaled import scaled_geometry
+    from hybrid_connector.sim.working_set import budget_sweep, trace_stats, working_set_bytes
+
+    cfg, tname, root, model_dir, configs, progress = a
+    sg = scaled_geometry(cfg.preset, cpu_exact_divisor_of(cfg))
+    block, geom = sg.cpu_block_size(), sg.geometry
+    recs = make_trace(tname, cfg.traces[tname], cfg.seed, cfg.scale)
+    recs = [dict(r, output_tokens=r["output_tokens"][: cfg.max_out]) for r in recs]
+    stats = trace_stats(recs, block)
+    ws = working_set_bytes(recs, geom, "live_peak", stats, block)
+    vc0 = eng.vllm_config(model_dir, block, connector=None, num_blocks=512, max_len=1024,
+                          max_seqs=cfg.concurrency, batched=2048)
+    cfg0 = eng.kv_cache_config(vc0, block, 512)
+    block_bytes = sum(t.size for t in cfg0.kv_cache_tensors) // 512
+    nblocks = _device_blocks(recs, block, len(cfg0.kv_cache_groups), stats["live_peak_tokens"], cfg)
+    max_len = max(len(r["input_tokens"]) + len(r["output_tokens"]) for r in recs) + 1
+    shape = EngineShape(model_dir, cfg.preset, block, nblocks, max_len, cfg.concurrency,
+                        batched=min(2048, cfg.concurrency * max_len))
+    info = {"requests": len(recs), "prompt_tokens": int(sum(len(r["input_tokens"]) for r in recs)),
+            "working_set_bytes": ws, "device_blocks": nblocks,
+            "device_bytes": nblocks * block_bytes, "max_len": max_len,
+            "reusable_share": stats["reusable_share"]}
+    rows: list[dict[str, Any]] = []
+    for m, budget in budget_sweep(ws, cfg.multiples).items():
+        for name in cfg.peers:
+            if name == "none" and m != cfg.multiples[0]:
+                continue  # no connector: the budget does not matter
+            p = st.peer(name, budget, preset=cfg.preset, block=block, work=root, configs=configs)
+            r = run_one(shape, p, recs)
+            r.update(trace=tname, multiple=m if name != "none" else None)
+            rows.append(r)
+            with (root / f"rows-{tname}.jsonl").open("a") as f:  # a partial sweep is kept
+                f.write(json.dumps(r, default=str) + "\n")
+            if progress:
+                what = "any budget" if name == "none" else f"{m:g}x"
+                print(f"  {tname:15s} {what:>10s} {st.LABELS[name]:28s} hit rate "
+                      f"{r['hit_rate']:.3f}  sched {r['sched_ms_mean']:.2f} ms/step  "
+                      f"({r['wall_s']:.0f} s)", file=sys.stderr, flush=True)
+    return tname, info, rows
+
+
+def cpu_exact_divisor_of(cfg: PeersConfig) -> float:
+    """The divisor at which the preset's real block is a CPU block (``cpu_exact_divisor``)."""
+    from hybrid_connector.geometry.scaled import cpu_exact_divisor
+
+    return cpu_exact_divisor(cfg.preset, cfg.divisor_near)
 
 
 def _vllm_version() -> str:

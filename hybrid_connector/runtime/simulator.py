@@ -22,6 +22,7 @@ import torch
 
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.anchors import configured_anchors
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.plan import SaveItem
 from hybrid_connector.index.state import Policies
@@ -77,8 +78,8 @@ class Simulator:
         self.anchors = anchors
         self.kv_tok = geometry.kv_bytes_per_token()
         self.state_bytes = geometry.state_bytes()
-        self.page = config.anchor_page_size
-        self.anchor_bytes = anchor_page_bytes(geometry, self.page, config.anchor_density)
+        self.page, density = configured_anchors(config)  # density 0: one position per page
+        self.anchor_bytes = anchor_page_bytes(geometry, self.page, density)
         self.states_saved = 0
 
     def close(self) -> None:

@@ -230,3 +230,19 @@ def test_simulator_paths_close_every_cache_they_build(geo, sim_config, monkeypat
     with Simulator(sim_config, geo, Budget.pooled(int(2e9))) as sim:
         sim.step(window[0].tokens, np.array([5]))
     assert closed[-1] is sim.cache
+
+
+def test_an_anchor_density_of_0_simulates_with_one_position_per_page() -> None:
+    """``anchor_density: 0`` is a valid config (one anchor position per page, as the index
+    prices it); the simulator used to pass the raw 0 to the size rule and refuse to start."""
+    from hybrid_connector.core.config import load_config
+    from hybrid_connector.geometry.anchors import anchor_block_bytes
+    from hybrid_connector.geometry.presets import load_geometry
+
+    geo = load_geometry("qwen3.5-4b")
+    cfg = load_config(None, {"chunk_size": 256, "hash_block_size": 256, "alignment": 1,
+                             "anchor_density": 0.0}, environ={})
+    with Simulator(cfg, geo, Budget.pooled(10**15, anchor=10**15), anchors=True) as sim:
+        assert sim.anchor_bytes == anchor_block_bytes(geo, cfg.anchor_page_size, 1 / cfg.anchor_page_size)
+        sim.step(np.arange(1024, dtype=np.int64), np.arange(8, dtype=np.int64))
+        assert sim.store.put_bytes[ObjectKind.ANCHOR] > 0

@@ -7,8 +7,9 @@ vLLM 0.33.0 from ``scripts/install_engines.sh``).
 
 All three run vLLM 0.33.0's real ``Scheduler`` (align-mode prefix caching, tiny Nemotron-H:
 two Mamba2 groups and one attention group, 32-token blocks, every block boundary retained)
-over the agentic trace (``sim.traces_engine.agentic_branch``, lengths / 16, seed 0): requests
-arrive one per step until ``--concurrency`` run at once. Only the scheduler's two calls are
+over the agentic trace (``sim.traces_engine.agentic_branch``, lengths / 16, seed 0), kept in
+flight ``--concurrency`` at a time (each step tops the running and waiting requests up to it;
+vLLM's ``max_num_seqs`` is the same number). Only the scheduler's two calls are
 timed; the model step between them is not. HybridConnector's worker side runs for real (its
 saves and loads copy bytes, its reports drive the index); OffloadingConnector's scheduler
 side (``OffloadingConnectorScheduler`` + ``CPUOffloadingManager``) runs for real and its
@@ -17,7 +18,7 @@ was issued (what a fast GPU copy would report). Figures are per step: mean, p50,
 ratio to the no-connector run of the same invocation; ``--repeat`` rounds run the connectors
 in turn and each one's run with the lowest mean is kept (a busy machine only adds time).
 ``--profile`` prints cProfile's top functions for HybridConnector's scheduler side.
-Writes ``benchmarks/results/vllm_scheduler_cost[_quick].json``.
+Writes ``benchmarks/results/vllm_scheduler_cost_c<concurrency>[_quick].json``.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     clock = time.perf_counter_ns
     gc.collect()
     for _ in range(200_000):
-        if pending and len(sched.running) + len(sched.waiting) < concurrency:
+        while pending and len(sched.running) + len(sched.waiting) < concurrency:
             sched.add_request(pending.pop())
         if not pending and not sched.has_unfinished_requests():
             break
@@ -224,7 +225,8 @@ def main() -> None:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats("hybrid_connector", 40)
         print(buf.getvalue())
-    out = ROOT / "benchmarks" / "results" / f"vllm_scheduler_cost{'_quick' if args.quick else ''}.json"
+    name = f"vllm_scheduler_cost_c{args.concurrency}{'_quick' if args.quick else ''}.json"
+    out = ROOT / "benchmarks" / "results" / name
     out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "only"},
                                "rows": rows}, indent=1))
     print(f"wrote {out}")

@@ -200,7 +200,7 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         metrics)."""
         if num_external_tokens == 0 or self.sched is None:
             return {}
-        got = self.sched.hit_sources(request.request_id)
+        got = self.sched.sources_of(request.request_id)
         if not got or sum(got.values()) != num_external_tokens:
             return {CacheHitSource.EXTERNAL_UNSPECIFIED: num_external_tokens}
         return dict(got)

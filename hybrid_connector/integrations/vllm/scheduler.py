@@ -130,7 +130,7 @@ class SchedulerSide:
             return np.asarray(request.all_token_ids[: request.num_tokens], dtype=np.int64)
         return rec.tokens.view(request.all_token_ids, request.num_tokens)
 
-    def hit_sources(self, request_id: str) -> dict[Any, int] | None:
+    def sources_of(self, request_id: str) -> dict[Any, int] | None:
         """The external tokens of the request's last load, by the tier they came from."""
         rec = self._progress.get(request_id)
         return rec.sources if rec is not None else None

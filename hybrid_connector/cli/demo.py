@@ -158,7 +158,8 @@ def run(args: argparse.Namespace) -> int:
     records = multi_turn_chat(args.sessions, args.turns, args.seed)
     print(f"model {geo.name}: KV {geo.kv_bytes_per_token()} B/token, "
           f"state checkpoint {geo.state_bytes() / 2**20:.2f} MiB; host pools "
-          f"KV {budget.kv / 2**20:.0f} MiB, state {budget.state / 2**20:.0f} MiB")
+          + (f"KV and state {budget.kinds()['kv'] / 2**20:.0f} MiB shared" if budget.pooled
+             else f"KV {budget.kv / 2**20:.0f} MiB, state {budget.state / 2**20:.0f} MiB"))
     try:
         cache = run_demo(cfg, geo, store, records)
     except (CorruptLoad, IntegrityError) as exc:

@@ -64,8 +64,10 @@ def report(cfg: HybridConfig, geo: ModelGeometry) -> str:
         b = cfg.budget(tier)
         if not b.total:
             continue
-        parts = [f"{k} {_fmt(getattr(b, k))} ({getattr(b, k) // max(sizes[k], 1)})" for k in sizes]
-        lines.append(f"  {tier:7s} " + ", ".join(parts))
+        room = b.kinds()  # with kv_state, KV and states each up to the shared budget
+        parts = [f"{k} {_fmt(room[k])} ({room[k] // max(sizes[k], 1)})" for k in sizes]
+        lines.append(f"  {tier:7s} " + ", ".join(parts) + (" (kv and state: one shared budget)"
+                                                           if b.pooled else ""))
     fp = model_fingerprint({**geo.fingerprint_fields(), "chunk": cfg.chunk_size,
                             "hash_block": cfg.hash_block_size, "model_id": ""})
     lines.append(f"fingerprint         {fp} (model_id and engine layout are added by the engine)")

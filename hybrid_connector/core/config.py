@@ -72,8 +72,6 @@ LEGACY_EXTRA = ("disk_zstd", "disk_fsync", "disk_verify_reads", "remote_timeout_
 
 
 TIERS = ("device", "host", "disk", "remote")
-# Default split of a tier's total when only an LMCache size key is given.
-DEFAULT_SPLIT = {"kv": 0.6, "state": 0.3, "anchor": 0.1}
 
 
 class HybridConfig(Strict):
@@ -311,7 +309,7 @@ class HybridConfig(Strict):
             "disk": self.max_local_disk_size if self.local_disk else 0,
             "remote": 0,
         }[tier]
-        return PoolBudget(**{k: int(total * f) for k, f in DEFAULT_SPLIT.items()})
+        return PoolBudget.split(tier, total)
 
     def explicit(self) -> dict[str, Any]:
         """The keys set explicitly (file, env, overrides) as ``load_config`` overrides that

@@ -25,7 +25,8 @@ from hybrid_connector.tiers.tier import Tier
 
 
 def spec_of(tier: Tier) -> TierSpec:
-    """The ledger's view of a tier: its per-kind budgets, whether reads are slow
+    """The ledger's view of a tier: its per-kind budgets (one pool for the kinds that share
+    a budget, ``tier.joint``), whether reads are slow
     (``tier.slow``), whether it is shared with other instances (``tier.shared``) and the
     allocation granularity of its pools (``tier.granularity``; defaults False, False, 1)."""
     from hybrid_connector.core.keys import ObjectKind
@@ -33,7 +34,8 @@ def spec_of(tier: Tier) -> TierSpec:
     budgets = {k: tier.capacity(k) for k in ObjectKind}
     return TierSpec.per_kind(tier.name, budgets, slow=bool(getattr(tier, "slow", False)),
                              shared=bool(getattr(tier, "shared", False)),
-                             grains={k: tier.granularity(k) for k in ObjectKind})
+                             grains={k: tier.granularity(k) for k in ObjectKind},
+                             joint=getattr(tier, "joint", ()))
 
 
 class Backend:

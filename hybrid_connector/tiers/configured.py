@@ -23,8 +23,13 @@ from hybrid_connector.tiers.tier import Tier
 
 
 def _budgets(config: HybridConfig, tier: str) -> dict[ObjectKind, int]:
-    b = config.budget(tier)
-    return {ObjectKind.KV: b.kv, ObjectKind.STATE: b.state, ObjectKind.ANCHOR: b.anchor}
+    """The most bytes each kind may take in ``tier`` (``PoolBudget.kinds``)."""
+    return {ObjectKind(k): v for k, v in config.budget(tier).kinds().items()}
+
+
+def _joint(config: HybridConfig, tier: str) -> tuple[ObjectKind, ...]:
+    """The kinds sharing one budget in ``tier`` (``kv_state``), else none."""
+    return (ObjectKind.KV, ObjectKind.STATE) if config.budget(tier).pooled else ()
 
 
 def _present(config: HybridConfig) -> list[str]:
@@ -57,9 +62,9 @@ def build_tiers(config: HybridConfig, device: torch.device | str | None = None,
     for name in _present(config):
         b = _budgets(config, name)
         if name == "device":
-            tiers.append(DeviceTier(b, device=device))
+            tiers.append(DeviceTier(b, device=device, joint=_joint(config, name)))
         elif name == "host":
-            tiers.append(HostTier(b))
+            tiers.append(HostTier(b, joint=_joint(config, name)))
         elif name == "disk":
             tiers.append(NvmeTier(
                 disk_path if disk_path is not None else str(config.disk_path), b,
@@ -87,8 +92,9 @@ def shared_view(config: HybridConfig) -> Tier | None:
 
 
 def tier_specs(config: HybridConfig) -> list[TierSpec]:
-    """The ledger's view of ``build_tiers(config)``: budgets, slow and shared flags, slab
-    page sizes (device and host), without building anything."""
+    """The ledger's view of ``build_tiers(config)``: budgets (KV and states in one pool
+    where ``kv_state`` gives them one), slow and shared flags, slab page sizes (device and
+    host), without building anything."""
     specs = []
     for name in _present(config):
         b = _budgets(config, name)
@@ -96,7 +102,8 @@ def tier_specs(config: HybridConfig) -> list[TierSpec]:
         tier_name = {"disk": "nvme"}.get(name, name)
         specs.append(TierSpec.per_kind(
             tier_name, b, slow=name in ("disk", "remote"), shared=name == "remote",
-            grains={k: page_bytes(b[k]) if slab else 1 for k in ObjectKind}))
+            grains={k: page_bytes(b[k]) if slab else 1 for k in ObjectKind},
+            joint=_joint(config, name)))
     return specs
 
 

@@ -3,7 +3,7 @@ CPU memory with exactly the same accounting, so the tiering logic is testable an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 
@@ -26,5 +26,7 @@ class DeviceTier(SlabTier):
         budgets: Mapping[ObjectKind, int],
         name: str = "device",
         device: torch.device | str | None = None,
+        joint: Collection[ObjectKind] = (),
     ) -> None:
-        super().__init__(name, budgets, device if device is not None else default_device())
+        super().__init__(name, budgets, device if device is not None else default_device(),
+                         joint=joint)

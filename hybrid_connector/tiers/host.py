@@ -3,7 +3,7 @@ can run asynchronously; plain pageable memory otherwise (same accounting)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 
@@ -15,8 +15,9 @@ class HostTier(SlabTier):
     """Objects in one preallocated host slab; see ``SlabTier`` and ``hybrid_connector.tiers.tier.Tier``."""
 
     def __init__(
-        self, budgets: Mapping[ObjectKind, int], name: str = "host", pin_memory: bool | None = None
+        self, budgets: Mapping[ObjectKind, int], name: str = "host", pin_memory: bool | None = None,
+        joint: Collection[ObjectKind] = (),
     ) -> None:
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
-        super().__init__(name, budgets, "cpu", pin_memory=pin_memory)
+        super().__init__(name, budgets, "cpu", pin_memory=pin_memory, joint=joint)

@@ -12,7 +12,7 @@ import logging
 import threading
 from abc import abstractmethod
 from collections import Counter, OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -51,12 +51,19 @@ class IndexedTier(Tier):
     lock is never held during a subclass read, so reads of pinned objects run in parallel.
     """
 
-    def __init__(self, name: str, budgets: Mapping[ObjectKind, int]) -> None:
+    def __init__(self, name: str, budgets: Mapping[ObjectKind, int],
+                 joint: Collection[ObjectKind] = ()) -> None:
         self.name = name
         self._budget = {k: int(budgets.get(k, 0)) for k in ObjectKind}
         for k, v in self._budget.items():
             if v < 0:
                 raise ValueError(f"tier {name!r}: budget of {k.value} must be >= 0, got {v}")
+        # ``joint``: kinds sharing one budget (each kind's ``budgets`` entry, all equal): a
+        # put is checked against what all of them use together.
+        self.joint = frozenset(joint) if len(set(joint)) > 1 else frozenset()
+        if len({self._budget[k] for k in self.joint}) > 1:
+            raise ValueError(f"tier {name!r}: kinds sharing a budget need one budget, got "
+                             f"{ {k.value: self._budget[k] for k in self.joint} }")
         self._used = {k: 0 for k in ObjectKind}
         self._lru: dict[ObjectKind, OrderedDict[ObjectKey, TierRecord]] = {
             k: OrderedDict() for k in ObjectKind
@@ -67,6 +74,12 @@ class IndexedTier(Tier):
         self._zombies: dict[ObjectKey, list[TierRecord]] = {}
         # Puts in progress per key (storage named by key must not be freed under them).
         self._inflight: Counter[ObjectKey] = Counter()
+
+    def _pool_used(self, kind: ObjectKind) -> int:
+        """Bytes used of ``kind``'s budget (every kind sharing it, under the index lock)."""
+        if kind in self.joint:
+            return sum(self._used[k] for k in self.joint)
+        return self._used[kind]
 
     # ---------------------------------------------------------------- storage hooks
     @abstractmethod
@@ -176,7 +189,7 @@ class IndexedTier(Tier):
             # An old object under the key stays readable until the new one is in, so the
             # new one is reserved on top of it.
             token = None
-            if self._used[key.kind] + n <= self._budget[key.kind]:
+            if self._pool_used(key.kind) + n <= self._budget[key.kind]:
                 token = self._reserve(key, n)
             if token is None:
                 self._stats.put_failures += 1

@@ -17,8 +17,12 @@ one truth of what is where.
   beats recomputing it (``hybrid_connector.tiers.ledger_value``).
 * The shared tier (a remote store other instances use too) gets a copy of everything, is
   never removed from, and its budget only bounds how many shared-only objects are tracked.
-* A budget may be shared by several kinds (``TierSpec.kind_pool``); by default each kind
-  has its own pool, so anchor or state pressure never evicts KV. Pending objects count
+* A budget may be shared by several kinds (``TierSpec.kind_pool``, ``kv_state`` in the
+  config): their bytes together never exceed it, each kind takes what the others leave,
+  and room for one is made by evicting any of them (the index asks its eviction policy
+  which kind gives up bytes, ``room_kinds``; within a tier the ledger demotes the pool's
+  least recently used object, whatever its kind). With one pool per kind, anchor or state
+  pressure never evicts KV. Pending objects count
   against budgets and are never victims; pinned objects are never moved or dropped.
 
 Thread safety: every public method takes the ledger's own re-entrant ``lock``; a caller
@@ -41,6 +45,7 @@ from hybrid_connector.tiers.ledger_types import (
     TierSpec,
     TierUsage,
     kind_limits,
+    pool_groups,
     pool_totals,
 )
 from hybrid_connector.tiers.ledger_value import ValueFn
@@ -78,9 +83,11 @@ class Ledger(Room):
         self._shared = shared[0] if shared else None
         self._by_name = {t.spec.name: t for t in [*self._local, *shared]}
         self.entries: dict[ObjectKey, Entry] = {}
-        # pool name -> bytes over all tiers, and the coarsest allocation unit of the pool
+        # budget group (kinds sharing a pool in some tier) -> bytes over all tiers, and the
+        # coarsest allocation unit of its pools
+        self._groups = pool_groups(self.specs)
         self._budget, self._grain = pool_totals(self.specs)
-        self._tracked: dict[str, int] = {}  # pool name -> bytes of the entries using it
+        self._tracked: dict[str, int] = {}  # budget group -> bytes of the entries in it
         self._kind_used = dict.fromkeys(ObjectKind, 0)
         self._max_object, self._room = kind_limits(self.specs)
         self.drops_with_room = 0  # evictions dropped while a tier below could take them
@@ -137,8 +144,9 @@ class Ledger(Room):
             return self._room[kind]
 
     def fits(self, pending: Mapping[ObjectKind, int]) -> bool:
-        """Whether ``pending`` more bytes per kind fit in the tiers' pools together (pool by
-        pool, over all tiers; placement may still have to demote to find the room)."""
+        """Whether ``pending`` more bytes per kind fit in the tiers' pools together (budget
+        group by group over all tiers: kinds sharing a pool are checked against their one
+        budget; placement may still have to demote to find the room)."""
         with self.lock:
             need = dict(self._tracked)
             for kind, n in pending.items():
@@ -165,10 +173,8 @@ class Ledger(Room):
         return (max(nbytes, 1) + g - 1) // g * g
 
     def _pool_name(self, kind: ObjectKind) -> str:
-        for t in self._tiers():
-            if kind in t.spec.kind_pool:
-                return t.spec.kind_pool[kind]
-        return kind.value
+        """``kind``'s budget group over the tiers (``pool_groups``)."""
+        return self._groups[kind]
 
     def held(self, tier: str | None = None) -> list[ObjectKey]:
         """Keys held (ready) in ``tier`` (all tiers when None), least recently used first."""

@@ -4,7 +4,7 @@ object (``Entry``) and per tier (``TierUsage``), and what a placement decision r
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
@@ -26,13 +26,23 @@ class TierSpec:
 
     @classmethod
     def per_kind(cls, name: str, budgets: Mapping[ObjectKind, int], slow: bool = False,
-                 shared: bool = False, grains: Mapping[ObjectKind, int] | None = None
-                 ) -> TierSpec:
+                 shared: bool = False, grains: Mapping[ObjectKind, int] | None = None,
+                 joint: Collection[ObjectKind] = ()) -> TierSpec:
         """One pool per kind (kinds with a 0 budget are not stored); ``grains``: the
-        allocation unit of each kind's pool (default 1 byte)."""
-        return cls(name, {k.value: int(v) for k, v in budgets.items() if v},
-                   {k: k.value for k, v in budgets.items() if v}, slow, shared,
-                   {k.value: int(g) for k, g in (grains or {}).items() if budgets.get(k)})
+        allocation unit of each kind's pool (default 1 byte). ``joint``: kinds that share
+        one pool instead (named by their values joined with ``_``, e.g. ``kv_state``),
+        whose ``budgets`` entries are that pool's one budget (equal; ValueError if not)."""
+        live = {k: int(v) for k, v in budgets.items() if v}
+        together = [k for k in ObjectKind if k in joint and k in live]
+        if len({live[k] for k in together}) > 1:
+            raise ValueError(f"tier {name!r}: kinds sharing a pool need one budget, got "
+                             f"{ {k.value: live[k] for k in together} }")
+        pool = {k: k.value for k in live}
+        if len(together) > 1:
+            pool.update(dict.fromkeys(together, "_".join(k.value for k in together)))
+        gr = grains or {}
+        return cls(name, {pool[k]: v for k, v in live.items()}, pool, slow, shared,
+                   {pool[k]: int(gr[k]) for k in live if k in gr})
 
     def grain(self, kind: ObjectKind) -> int:
         return int(self.grains.get(self.kind_pool.get(kind, ""), 1))
@@ -113,14 +123,39 @@ class Placement:
     dropped: tuple[ObjectKey, ...] = ()
 
 
+def pool_groups(specs: list[TierSpec]) -> dict[ObjectKind, str]:
+    """Each kind's budget group over ``specs``: kinds sharing a pool in any tier are one
+    group (transitively), named by their values joined with ``_`` (``kv_state``; a kind
+    alone: its own value, as in the one-pool-per-kind layout)."""
+    group = {k: {k} for k in ObjectKind}
+    for s in specs:
+        for k, pool in s.kind_pool.items():
+            for o, p in s.kind_pool.items():
+                if p == pool and group[o] is not group[k]:
+                    merged = group[k] | group[o]
+                    for m in merged:
+                        group[m] = merged
+    return {k: "_".join(o.value for o in ObjectKind if o in group[k]) for k in ObjectKind}
+
+
 def pool_totals(specs: list[TierSpec]) -> tuple[dict[str, int], dict[str, int]]:
-    """Per pool name over ``specs``: the summed budget and the coarsest allocation unit."""
+    """Per budget group (``pool_groups``) over ``specs``: the summed budget of the pools its
+    kinds use and their coarsest allocation unit. A group's budget bounds what its kinds
+    hold together over all tiers (where tiers group kinds differently, e.g. a host
+    ``kv_state`` pool above disk ``kv`` and ``state`` pools, placement may still have to
+    demote or drop to find the room in one tier's pool)."""
+    groups = pool_groups(specs)
     budget: dict[str, int] = {}
     grain: dict[str, int] = {}
     for s in specs:
-        for pool, b in s.pools.items():
-            budget[pool] = budget.get(pool, 0) + int(b)
-            grain[pool] = max(grain.get(pool, 1), int(s.grains.get(pool, 1)))
+        seen: set[str] = set()
+        for k, pool in s.kind_pool.items():
+            if pool in seen:
+                continue
+            seen.add(pool)
+            g = groups[k]
+            budget[g] = budget.get(g, 0) + int(s.pools[pool])
+            grain[g] = max(grain.get(g, 1), int(s.grains.get(pool, 1)))
     return budget, grain
 
 

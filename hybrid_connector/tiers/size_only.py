@@ -52,11 +52,15 @@ class Budget:
 
     @classmethod
     def from_config(cls, config: HybridConfig) -> Budget:
-        """One pool per kind holding the config's budget for that kind summed over its
-        tiers: the ``capacity(kind)`` a ``TieredStore`` built from it gives the cache (the
-        simulator models sizes, not which tier an object sits in)."""
+        """The config's budgets summed over its tiers (the simulator models sizes, not which
+        tier an object sits in): one pool per kind, or, when any tier gives KV and states
+        one budget (``kv_state``), ``pooled``: KV and states share all their bytes."""
+        budgets = [config.budget(t) for t in TIERS]
+        if any(b.pooled and b.total for b in budgets):
+            return cls.pooled(sum(b.total - b.anchor for b in budgets),
+                              sum(b.anchor for b in budgets))
         return cls.per_kind({
-            k: sum(getattr(config.budget(t), k.value) for t in TIERS) for k in ObjectKind
+            k: sum(getattr(b, k.value) for b in budgets) for k in ObjectKind
         })
 
     @property

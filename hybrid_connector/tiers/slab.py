@@ -1,4 +1,5 @@
-"""One preallocated slab split into per-kind pools of fixed-size pages.
+"""One preallocated slab split into per-kind pools of fixed-size pages (kinds given one
+shared budget, ``joint``, share one pool).
 
 Shared by the device and host tiers: no per-object allocation after construction, one
 kind's pressure can never take room from another kind, and no external fragmentation: an
@@ -13,7 +14,7 @@ object.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 
@@ -26,6 +27,10 @@ ALIGN = 64  # bytes; keeps every dtype view aligned and copies cache-line friend
 PAGES_PER_POOL = 4096
 
 Runs = tuple[tuple[int, int], ...]  # (byte offset in the slab, bytes) of an object's pieces
+
+
+def _order(kind: ObjectKind) -> int:
+    return list(ObjectKind).index(kind)
 
 
 def _round_up(n: int, a: int = ALIGN) -> int:
@@ -100,12 +105,15 @@ class SlabTier(IndexedTier):
         budgets: Mapping[ObjectKind, int],
         device: torch.device | str,
         pin_memory: bool = False,
+        joint: Collection[ObjectKind] = (),
     ) -> None:
-        super().__init__(name, budgets)
+        super().__init__(name, budgets, joint)
         self.device = torch.device(device)
+        # one page pool per budget: the ``joint`` kinds share the first one's
+        own = [k for k in ObjectKind if k not in self.joint or k is min(self.joint, key=_order)]
         pages = {k: page_bytes(self._budget[k]) for k in ObjectKind}
         counts = {k: self._budget[k] // pages[k] for k in ObjectKind}
-        total = sum(counts[k] * pages[k] for k in ObjectKind)
+        total = sum(counts[k] * pages[k] for k in own)
         self._slab = torch.empty(total, dtype=torch.uint8, device=self.device,
                                  pin_memory=pin_memory and self.device.type == "cpu")
         self.pinned = bool(self._slab.is_pinned()) if self.device.type == "cpu" else False
@@ -114,9 +122,11 @@ class SlabTier(IndexedTier):
         self._prefault: Prefault | None = None
         self._pools: dict[ObjectKind, PagePool] = {}
         base = 0
-        for k in ObjectKind:
+        for k in own:
             self._pools[k] = PagePool(base, counts[k], pages[k])
             base += counts[k] * pages[k]
+        for k in self.joint:
+            self._pools[k] = self._pools[min(self.joint, key=_order)]
 
     def prefault(self) -> None:
         """Fault the slab's pages in on a background thread (``hybrid_connector.tiers.prefault``), so first
@@ -136,7 +146,7 @@ class SlabTier(IndexedTier):
     def fits(self, kind: ObjectKind, nbytes: int) -> bool:
         with self._lock:
             pool = self._pools[kind]
-            return (self._used[kind] + nbytes <= self._budget[kind]
+            return (self._pool_used(kind) + nbytes <= self._budget[kind]
                     and pool.free_pages >= pool.pages_for(nbytes))
 
     def _reserve(self, key: ObjectKey, nbytes: int) -> object | None:

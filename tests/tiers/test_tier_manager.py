@@ -190,7 +190,7 @@ def test_build_store_from_config(tmp_path: Path) -> None:
     assert isinstance(s, TieredStore)
     assert [t.name for t in s.tiers] == ["device", "host", "nvme"]
     cap = s.capacity(K.KV)
-    assert cap == sum(cfg.budget(t).kv for t in ("device", "host", "disk"))
+    assert cap == sum(cfg.budget(t).kinds()["kv"] for t in ("device", "host", "disk"))
     k, v = make_key(1, K.STATE), make_payload(1, (128,), torch.bfloat16)
     assert s.put([(k, v)]) == [True] and same_bits(s.get([k])[0], v)
     s.close()

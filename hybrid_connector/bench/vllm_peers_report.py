@@ -78,6 +78,26 @@ def text(doc: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def markdown(doc: dict[str, Any]) -> str:
+    """Token hit rates as a Markdown table: one row per trace and budget, one column per
+    connector (the best marked bold; vLLM's prefix cache alone in every row)."""
+    peers = [p for p in LABELS if p in doc["peers"]]
+    head = "| trace | host budget | " + " | ".join(LABELS[p] for p in peers) + " |"
+    lines = [head, "|" + "---|" * (len(peers) + 2)]
+    for trace in doc["traces"]:
+        rows = [r for r in doc["rows"] if r["trace"] == trace]
+        base = next((r for r in rows if r["peer"] == "none"), None)
+        for m in sorted({r["multiple"] for r in rows if r["multiple"] is not None}):
+            at = {r["peer"]: r for r in rows if r["multiple"] == m}
+            if base is not None:
+                at["none"] = base
+            best = max(round(r["hit_rate"], 3) for r in at.values())
+            cells = [("**%.3f**" if round(at[p]["hit_rate"], 3) == best else "%.3f") % at[p]["hit_rate"]
+                     if p in at else "" for p in peers]
+            lines.append(f"| {trace} | {m:g}x | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -106,6 +126,9 @@ def plot(path: Path, doc: dict[str, Any]) -> str | None:
         if base:
             ax.axhline(base[0], color="grey", lw=1, label=LABELS["none"])
         ax.set_xscale("log", base=2)
+        ms = sorted({r["multiple"] for r in rows if r["multiple"] is not None})
+        ax.set_xticks(ms, [f"{m:g}x" for m in ms])
+        ax.minorticks_off()
         ax.set_title(trace)
         ax.set_xlabel("host budget / live-peak working set")
         ax.set_ylabel("token hit rate")

@@ -37,6 +37,7 @@ def test_every_peer_runs_in_vllms_scheduler_and_its_hits_are_vllms_and_checked(t
     ours = rows["ours"]["ours"]
     assert ours["failed_loads"] == 0 and ours["hits_without_state"] == 0
     assert ours["loaded_tokens"] > 0 and rows["ours"]["hit_tokens"] > none["hit_tokens"]
+    assert "HybridConnector (ours)" in rep.markdown(doc)
     out = rep.text(doc)
     assert "HybridConnector (ours)" in out and "MET" not in out
     assert rep.plot(tmp_path / "p.png", doc) is None and (tmp_path / "p.png").stat().st_size > 0

@@ -90,7 +90,11 @@ class Reclaimer:
             return ix.tree.can_remove(node)
         if kind is ObjectKind.STATE:
             return node.state is not None and not node.state_lock
-        return bool(node.anchors) and not node.anchor_lock
+        # An anchor lock is node local, and a split moves the pages ending above the cut to
+        # a new, unlocked node: the pages a lease holds are asked of the table by key.
+        # (A checkpoint never leaves its node; a KV lock counts on every ancestor.)
+        return (bool(node.anchors) and not node.anchor_lock
+                and not any(ix.table.is_leased(r.key) for r in node.anchors.values()))
 
     def evict_one(self, kind: ObjectKind) -> tuple[int | None, Effects]:
         """Evict one victim's objects of ``kind`` (a KV victim takes its whole leaf):

@@ -3,9 +3,10 @@ several threads, over a ``MemoryStore`` and multi-tier ``TieredStore``s with tig
 
 A request saved while another thread's put of the same object is still in flight must skip
 that object as present, never place it again (it raised ``KeyError ... is already placed``
-from the ledger). After the threads are joined and the lanes flushed, the index, the
-ledger and the tiers must agree, and every loaded payload must have been made for the
-query's prefix.
+from the ledger). An anchor page a lease holds is never evicted, even after another save's
+split moved it off the node the lease locked (its load failed). After the threads are
+joined and the lanes flushed, the index, the ledger and the tiers must agree, and every
+loaded payload must have been made for the query's prefix.
 """
 
 from __future__ import annotations
@@ -111,6 +112,52 @@ def test_save_of_an_object_whose_put_is_in_flight_skips_it() -> None:
         assert not got.failed and got.state is not None and made_for(got.state, toks, len(toks))
     finally:
         slow.gate.set()
+        c.close()
+
+
+# ------------------------------------------------------------------ leased anchors, deterministic
+def _anchor_stores() -> dict[str, TieredStore]:
+    # four anchor pages in all (a tier's 64 B grain charges a page 64 B), so one more
+    # page evicts; room for everything else
+    return {"memory": MemoryStore(budgets(64, 64)),
+            "three_tiers": TieredStore([DeviceTier(budgets(64, 64), device="cpu"),
+                                        HostTier(budgets(64, 64)),
+                                        HostTier(budgets(64, 64, 8), name="host2")])}
+
+
+@pytest.mark.parametrize("store", ["memory", "three_tiers"])
+def test_a_leased_anchor_moved_by_a_split_is_not_evicted(store: str) -> None:
+    """What two threads of the property below did: one acquired a replay plan whose anchor
+    page sat on a long edge, another saved a branch off that edge (the split moved the page
+    to a new node, without the node-local anchor lock) and needed anchor room; the page was
+    evicted under the lease and the load failed. A leased page is never a victim."""
+    c = assemble.cache(config(replay=True), TINY, _anchor_stores()[store])
+    try:
+        toks = np.array([1, 2, 1, 0, 2, 2, 1, 0, 1, 1, 2, 0, 0, 1, 2, 1])
+        pages = [anchor_item(toks, s, s + PAGE) for s in range(0, len(toks), PAGE)]
+        assert c.save(toks, kv_items(toks, 0, len(toks)) + pages).stored == 2 + len(pages)
+        query = np.append(toks[:12], 3)  # diverges inside the one edge [0, 16)
+        plan = c.lookup(query)
+        assert (plan.num_tokens, plan.exact) == (12, False)
+        assert [(o.ref.start, o.ref.end) for o in plan.anchors] == [(8, 12)]
+        lease = c.acquire(plan)
+        assert lease is not None
+        try:
+            branch = np.append(toks[:12], [3, 3, 3, 3])  # splits the edge at 12
+            r = c.save(branch, [anchor_item(branch, 12, 16)])
+            c.flush()
+            got = c.load(plan)
+        finally:
+            c.release(lease)
+        assert not got.failed, f"load failed: {got.failed}"
+        assert made_for(got.anchors[0], query, 12)
+        # the held page shares its node with the only other victims: no room while leased
+        assert [x.reason for x in r.rejections] == ["no_room"]
+        again = c.save(branch, [anchor_item(branch, 12, 16)])  # released: evictable again
+        assert (again.stored, again.rejected) == (1, 0)
+        c.flush()
+        check_consistent(c)
+    finally:
         c.close()
 
 

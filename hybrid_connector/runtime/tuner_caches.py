@@ -114,11 +114,18 @@ def shadow_factory(replayer: CacheReplayer) -> ShadowFactory:
     return lambda candidate: CacheShadow(replayer, candidate)
 
 
-def snapshot_budget(snapshot: Mapping[ObjectKind, int], headroom: float = 1.0) -> Budget:
+def snapshot_budget(snapshot: Mapping[ObjectKind, int], headroom: float = 1.0,
+                    joint: bool = False) -> Budget:
     """Per-kind budgets from the bytes a live cache held at its first eviction (each pool
-    was then about full); kinds holding nothing get the largest figure (not yet limited)."""
+    was then about full); kinds holding nothing get the largest figure (not yet limited).
+    ``joint``: the live cache's KV and states share one budget, so the twins' do too (their
+    sum then)."""
     top = max(snapshot.values(), default=0)
-    return Budget.per_kind({k: int((v or top) * headroom) for k, v in snapshot.items()})
+    sizes = {k: int((v or top) * headroom) for k, v in snapshot.items()}
+    if joint:
+        both = int((snapshot.get(ObjectKind.KV, 0) + snapshot.get(ObjectKind.STATE, 0)) * headroom)
+        return Budget.pooled(both or sizes.get(ObjectKind.KV, 0), sizes.get(ObjectKind.ANCHOR, 0))
+    return Budget.per_kind(sizes)
 
 
 def default_replayer_factory(
@@ -131,7 +138,8 @@ def default_replayer_factory(
     budget inferred at the first eviction (the policy is never told the store)."""
 
     def make(geometry: ModelGeometry, snapshot: Mapping[ObjectKind, int]) -> CacheReplayer:
-        return CacheReplayer(config, geometry, snapshot_budget(snapshot), admission, accounting, objective)
+        budget = snapshot_budget(snapshot, joint=Budget.joint(config))
+        return CacheReplayer(config, geometry, budget, admission, accounting, objective)
 
     return make
 

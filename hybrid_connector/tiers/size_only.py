@@ -56,12 +56,17 @@ class Budget:
         tier an object sits in): one pool per kind, or, when any tier gives KV and states
         one budget (``kv_state``), ``pooled``: KV and states share all their bytes."""
         budgets = [config.budget(t) for t in TIERS]
-        if any(b.pooled and b.total for b in budgets):
+        if cls.joint(config):
             return cls.pooled(sum(b.total - b.anchor for b in budgets),
                               sum(b.anchor for b in budgets))
         return cls.per_kind({
             k: sum(getattr(b, k.value) for b in budgets) for k in ObjectKind
         })
+
+    @staticmethod
+    def joint(config: HybridConfig) -> bool:
+        """Does a tier of ``config`` with bytes give KV and states one budget (``kv_state``)?"""
+        return any(b.pooled and b.total for b in (config.budget(t) for t in TIERS))
 
     @property
     def total(self) -> int:

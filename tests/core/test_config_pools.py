@@ -61,3 +61,17 @@ def test_the_simulator_budget_pools_kv_and_states() -> None:
     fixed = Budget.from_config(load_config(
         overrides={"pools": {"host": {"kv": "2GB", "state": "1GB"}}}, environ={}))
     assert fixed.pools == {"kv": 2 * 10**9, "state": 10**9, "anchor": 0}
+
+
+def test_the_alpha_tuners_twins_share_the_budget_when_the_live_cache_does() -> None:
+    from hybrid_connector.runtime.tuner_caches import snapshot_budget
+
+    snap = {ObjectKind.KV: 300, ObjectKind.STATE: 100, ObjectKind.ANCHOR: 0}
+    assert snapshot_budget(snap).pools == {"kv": 300, "state": 100, "anchor": 300}
+    twin = snapshot_budget(snap, joint=True)
+    assert twin.pools == {"main": 400, "anchor": 300}
+    assert twin.kinds[ObjectKind.KV] == twin.kinds[ObjectKind.STATE] == "main"
+    shared = load_config(overrides={"max_local_cpu_size": "1GB"}, environ={})
+    assert Budget.joint(shared)
+    assert not Budget.joint(load_config(
+        overrides={"pools": {"host": {"kv": "1GB", "state": "1GB"}}}, environ={}))

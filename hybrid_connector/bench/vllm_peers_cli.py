@@ -37,6 +37,9 @@ def add_parser(bsub: Any) -> None:
     c.add_argument("--out", help=f"directory for the results (default {DEFAULT_OUT})")
     c.add_argument("--traces", help="comma-separated subset of the traces")
     c.add_argument("--peers", help="comma-separated subset of the connectors")
+    c.add_argument("--concurrency", type=int, help="requests at once (default 4; quick 2)")
+    c.add_argument("--multiples", help="comma-separated host budgets as multiples of the "
+                                       "working set (default 0.25,0.5,1,2,4)")
     c.add_argument("--work", help="directory for the model config and each run's rows as they "
                                   "finish (default: a new temporary directory)")
     c.add_argument("--jobs", type=int, default=1, help="traces run at once, one process each")
@@ -63,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         names = args.traces.split(",")
         cfg = dataclasses.replace(cfg, traces={n: vp.PeersConfig().traces[n] if n not in cfg.traces
                                                else cfg.traces[n] for n in names})
+    if args.concurrency:
+        cfg = dataclasses.replace(cfg, concurrency=args.concurrency)
+    if args.multiples:
+        cfg = dataclasses.replace(cfg, multiples=tuple(float(m) for m in args.multiples.split(",")))
     if args.peers:
         cfg = dataclasses.replace(cfg, peers=tuple(args.peers.split(",")))
     try:

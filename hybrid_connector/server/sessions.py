@@ -34,6 +34,7 @@ from hybrid_connector.core.keys import ObjectKey
 from hybrid_connector.index.plan import LoadPlan, PlannedObject
 from hybrid_connector.index.state import Lease
 from hybrid_connector.runtime.cache import HybridCache
+from hybrid_connector.tiers.ledger_types import pool_groups
 from hybrid_connector.tree.radix import ObjectRef
 
 Pool = str  # a budget pool's name (``TierSpec.kind_pool``)
@@ -145,6 +146,10 @@ class Sessions:
         cost: dict[ObjectKey, Cost] = {}
         with store.lock:
             specs = {sp.name: sp for sp in store.ledger.specs}
+            local = [sp for sp in specs.values() if not sp.shared]
+            # kinds sharing a pool in some tier (a host kv_state pool) are one budget over
+            # the local tiers, whichever tier's pool an object sits in
+            groups = pool_groups(local)
             for k in set(lease.keys):
                 e, tier = store.ledger.entries.get(k), store.ledger.where(k)
                 if e is None or tier is None:
@@ -153,11 +158,11 @@ class Sessions:
                 sp = specs.get(e.tier) if e.tier is not None else None
                 pool = sp.kind_pool.get(k.kind) if sp is not None else None
                 cost[k] = None if sp is None or pool is None else (
-                    pool, sp.size(k.kind, e.nbytes))
+                    groups[k.kind], sp.size(k.kind, e.nbytes))
         limits: Counter[Pool] = Counter()
-        for sp in specs.values():
-            if not sp.shared:
-                limits.update({p: int(b) for p, b in sp.pools.items()})
+        for sp in local:
+            for pool, kind in {p: k for k, p in sp.kind_pool.items()}.items():
+                limits[groups[kind]] += int(sp.pools[pool])
         return objects, cost, dict(limits)
 
     def _over(self, s: _Session, cost: dict[ObjectKey, Cost], limits: dict[Pool, int]) -> str:

@@ -43,16 +43,21 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
         for m in sorted({r["multiple"] for r in rows}):
             at = {r["peer"]: r for r in rows if r["multiple"] == m}
             peers = [at[p] for p in HOST_PEERS if p in at]
-            if "ours" not in at or not peers:
+            if not peers:
                 continue
             best = max(peers, key=lambda r: r["hit_rate"])
-            ours = at["ours"]
-            d = ours["hit_rate"] - best["hit_rate"]
-            who = "ours wins" if d > 0.0005 else ("tie" if abs(d) <= 0.0005 else f"{LABELS[best['peer']]} wins")
-            rec = (ours["recomputed"] / best["recomputed"]) if best["recomputed"] else float("nan")
-            out.append(f"  {trace:15s} {m:>4g}x: {who:34s} hit rate {ours['hit_rate']:.3f} vs "
-                       f"{best['hit_rate']:.3f} ({d:+.3f}); recomputed x{rec:.2f}; "
-                       f"sched {ours['sched_ms_mean']:.2f} vs {best['sched_ms_mean']:.2f} ms/step")
+            for name in ("ours", "ours-pooled"):
+                if name not in at:
+                    continue
+                ours = at[name]
+                d = ours["hit_rate"] - best["hit_rate"]
+                who = (f"{LABELS[name]} wins" if d > 0.0005 else
+                       "tie" if abs(d) <= 0.0005 else f"{LABELS[best['peer']]} wins")
+                rec = (ours["recomputed"] / best["recomputed"]) if best["recomputed"] else float("nan")
+                out.append(f"  {trace:15s} {m:>4g}x {LABELS[name]:30s}: {who:34s} hit rate "
+                           f"{ours['hit_rate']:.3f} vs {best['hit_rate']:.3f} ({d:+.3f}); "
+                           f"recomputed x{rec:.2f}; sched {ours['sched_ms_mean']:.2f} vs "
+                           f"{best['sched_ms_mean']:.2f} ms/step")
     return out
 
 
@@ -115,7 +120,8 @@ def plot(path: Path, doc: dict[str, Any]) -> str | None:
     traces = list(doc["traces"])
     fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
     style = {"offload-lru": ("tab:blue", "--"), "offload-arc": ("tab:cyan", "--"),
-             "simple": ("tab:green", ":"), "ours": ("tab:red", "-")}
+             "simple": ("tab:green", ":"), "ours": ("tab:red", "-"),
+             "ours-pooled": ("tab:orange", "-")}
     for ax, trace in zip(axes[0], traces, strict=True):
         rows = [r for r in doc["rows"] if r["trace"] == trace]
         for peer, (color, ls) in style.items():

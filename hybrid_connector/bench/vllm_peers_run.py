@@ -130,7 +130,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     for _ in range(3):  # the last saves' reports come back
         so = sched.schedule()
         sched.update_from_output(so, runner.step(so))
-    if p.name == "ours":
+    if p.name.startswith("ours"):
         _settle(sched, runner)
     held = st.held_bytes(p.name, sched, worker)
     loaded, stored = st.moved_bytes(p.name, worker)
@@ -166,7 +166,7 @@ def _settle(sched: Any, runner: Any, deadline_s: float = 30.0) -> None:
 
 def _ours_stats(name: str, sched: Any) -> dict[str, Any]:
     """Our connector's own counters (hits, loaded tokens, failed loads)."""
-    if name != "ours":
+    if not name.startswith("ours"):
         return {}
     s = sched.connector.sched.stats
     return {"ours": {"lookups": int(s.lookups), "hits": int(s.hits), "hit_tokens": int(s.hit_tokens),

@@ -11,12 +11,9 @@ Every peer is loaded through vLLM's ``KVConnectorFactory`` from a ``KVTransferCo
 * ``ours``: ``HybridConnector`` with the shipped ``configs/vllm-qwen3_5.yaml`` (or
   ``vllm-nemotron_h.yaml``) taken to scale: ``chunk_size`` two vLLM blocks,
   ``hash_block_size`` / ``alignment`` one block, no disk, and ``pools.host`` the budget split
-  in the shipped ratio of KV to state (24 : 12 of the shipped 40 GB; anchors are unused
-  under vLLM, ``replay: false``).
-
-The host tier holds one budget per object kind in this project's tiers; a single pooled host
-budget with per-kind accounting (``pooled_eviction``) is honoured by the simulator only, so
-no "one pooled budget" variant runs here (the docs page says so).
+  KV 24 : states 12 (the shipped split before ``kv_state``);
+* ``ours-pooled``: the same with ``pools.host.kv_state`` = the budget (one pool KV and
+  states share, what the shipped configs set now).
 """
 
 from __future__ import annotations
@@ -27,13 +24,14 @@ from typing import Any
 
 import yaml
 
-PEERS = ("none", "offload-lru", "offload-arc", "simple", "ours")
+PEERS = ("none", "offload-lru", "offload-arc", "simple", "ours", "ours-pooled")
 LABELS = {
     "none": "vLLM prefix cache only",
     "offload-lru": "OffloadingConnector (LRU)",
     "offload-arc": "OffloadingConnector (ARC)",
     "simple": "SimpleCPUOffloadConnector",
     "ours": "HybridConnector (ours)",
+    "ours-pooled": "HybridConnector, pooled budget",
 }
 VLLM_CLASSES = {
     "none": "Scheduler + KVCacheManager (align-mode prefix caching)",
@@ -43,6 +41,7 @@ VLLM_CLASSES = {
                    "CPUOffloadingManager + ARCCachePolicy, OffloadingConnectorWorker",
     "simple": "SimpleCPUOffloadConnector, SimpleCPUOffloadScheduler (host BlockPool LRU)",
     "ours": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
+    "ours-pooled": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
 }
 STAND_IN = {
     "offload-lru": "CPUOffloadingWorker's CUDA block copies -> CpuOffloadingWorker (CPU copy)",
@@ -61,24 +60,19 @@ class Peer:
     transfer: dict[str, Any] | None
 
 
-def ours_yaml(preset: str, block: int, budget: int, configs: Path) -> str:
-    """The shipped config for ``preset`` taken to the benchmark's scale (module docstring)."""
+def ours_yaml(preset: str, block: int, budget: int, configs: Path, pooled: bool = False) -> str:
+    """The shipped config for ``preset`` taken to the benchmark's scale (module docstring):
+    ``pooled``: the host budget as one KV+state pool (``pools.host.kv_state``); else split
+    KV 24 : states 12 (the shipped split before ``kv_state`` existed)."""
     cfg = yaml.safe_load((configs / SHIPPED[preset]).read_text())
-    host = cfg.get("pools", {}).get("host", {})
-    kv_share = _gb(host.get("kv", "24GB")) / (_gb(host.get("kv", "24GB")) + _gb(host.get("state", "12GB")))
     for k in ("local_disk", "max_local_disk_size", "disk_fsync", "disk_verify_reads", "remote_url"):
         cfg.pop(k, None)
-    kv = int(budget * kv_share)
+    kv = int(budget * 24 / 36)
+    host = ({"kv_state": f"{budget}B"} if pooled
+            else {"kv": f"{kv}B", "state": f"{budget - kv}B", "anchor": "0B"})
     cfg.update({"chunk_size": 2 * block, "hash_block_size": block, "alignment": block,
-                "local_cpu": True, "max_local_cpu_size": f"{budget}B",
-                "pools": {"host": {"kv": f"{kv}B", "state": f"{budget - kv}B", "anchor": "0B"}}})
+                "local_cpu": True, "max_local_cpu_size": f"{budget}B", "pools": {"host": host}})
     return yaml.safe_dump(cfg, sort_keys=False)
-
-
-def _gb(v: Any) -> float:
-    s = str(v).strip().upper().removesuffix("B")
-    mult = {"G": 1e9, "M": 1e6, "K": 1e3}.get(s[-1:], 1.0)
-    return float(s[:-1] if s[-1:] in "GMK" else s) * mult
 
 
 def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path) -> Peer:
@@ -94,9 +88,9 @@ def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs
         return Peer(name, budget, {"kv_connector": "SimpleCPUOffloadConnector",
                                    "kv_role": "kv_both",
                                    "kv_connector_extra_config": {"cpu_bytes_to_use": budget}})
-    if name == "ours":
-        path = work / f"ours-{budget}.yaml"
-        path.write_text(ours_yaml(preset, block, budget, configs))
+    if name in ("ours", "ours-pooled"):
+        path = work / f"{name}-{budget}.yaml"
+        path.write_text(ours_yaml(preset, block, budget, configs, pooled=name == "ours-pooled"))
         return Peer(name, budget, {"kv_connector": "HybridConnector",
                                    "kv_connector_module_path": "hybrid_connector.integrations.vllm",
                                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",

@@ -34,9 +34,11 @@ def test_every_peer_runs_in_vllms_scheduler_and_its_hits_are_vllms_and_checked(t
         assert rows[name]["standin_stored_bytes"] > 0, name  # the CPU copy ran
         assert rows[name]["hit_tokens"] >= none["hit_tokens"], name
     assert any(rows[n]["standin_loaded_bytes"] > 0 for n in ("offload-lru", "simple"))
-    ours = rows["ours"]["ours"]
-    assert ours["failed_loads"] == 0 and ours["hits_without_state"] == 0
-    assert ours["loaded_tokens"] > 0 and rows["ours"]["hit_tokens"] > none["hit_tokens"]
+    for name in ("ours", "ours-pooled"):  # split KV/state pools, one pooled budget
+        ours = rows[name]["ours"]
+        assert ours["failed_loads"] == 0 and ours["hits_without_state"] == 0, name
+        assert ours["loaded_tokens"] > 0, name
+        assert rows[name]["hit_tokens"] > none["hit_tokens"], name
     assert "HybridConnector (ours)" in rep.markdown(doc)
     out = rep.text(doc)
     assert "HybridConnector (ours)" in out and "MET" not in out

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from hybrid_connector.bench.vllm_peers_cli import add_parser  # noqa: E402
+from hybrid_connector.bench.vllm_peers.cli import add_parser  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

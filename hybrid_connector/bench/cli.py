@@ -49,7 +49,7 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--model", help="geometry preset sizing the objects (default qwen3.5-4b)")
     c.add_argument("--no-progress", action="store_true", help="no live progress bar")
     c.set_defaults(func=run)
-    from hybrid_connector.bench.vllm_peers_cli import add_parser as add_vllm_peers
+    from hybrid_connector.bench.vllm_peers.cli import add_parser as add_vllm_peers
 
     add_vllm_peers(bsub)
 

@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from hybrid_connector.bench import vllm_peers as vp  # noqa: E402
-from hybrid_connector.bench import vllm_peers_report as rep  # noqa: E402
+from hybrid_connector.bench.vllm_peers import report as rep  # noqa: E402
+from hybrid_connector.bench.vllm_peers import sweep as vp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,6 +1,6 @@
 """The connector on the buffers vLLM 0.33.0 itself hands ``register_kv_caches``
 (``allocate_kv_cache``'s per-layer ``[B, H, N, C]`` views of one int8 allocation that
-every group aliases; see ``vllm_buffers``), for every attention backend vLLM can pick for
+every group aliases; see ``buffers``), for every attention backend vLLM can pick for
 a supported hybrid and every layout vLLM resolves for it: registration, a save that reads
 exactly the KV and state the backend and the Mamba layer read, and a load that writes them
 exactly and nothing else (every other byte of the shared allocation bit-identical)."""

@@ -1,7 +1,7 @@
 """vLLM 0.33.0's own KV buffers on CPU: the harness uses the benchmark's module
-(``hybrid_connector.bench.vllm_buffers``, shared with ``hybrid-connector bench vllm-peers``)."""
+(``hybrid_connector.bench.vllm_peers.buffers``, shared with ``hybrid-connector bench vllm-peers``)."""
 
-from hybrid_connector.bench.vllm_buffers import (  # noqa: F401
+from hybrid_connector.bench.vllm_peers.buffers import (  # noqa: F401
     BACKENDS,
     StandInLayer,
     allocate,

@@ -2,7 +2,7 @@
 inspected by vLLM's registry from a local ``config.json``), the layers' KV cache specs as
 vLLM's own layers build them (state shapes from the model class), the ``KVCacheConfig``
 from vLLM's planner, and the paged CPU buffers vLLM's own ``allocate_kv_cache`` makes for
-it (``vllm_buffers``: per-layer ``[B, H, N, C]`` views of one allocation all groups
+it (``buffers``: per-layer ``[B, H, N, C]`` views of one allocation all groups
 alias)."""
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def kv_cache_config(vc: Any, num_blocks: int = 64) -> Any:
 
 def allocate(cfg: Any, seed: int = 0, backend: str = BACKEND, layout: str = LAYOUT) -> dict[str, Any]:
     """``register_kv_caches``'s argument for ``cfg`` as vLLM's GPU model runner makes it (its
-    own ``allocate_kv_cache``, on CPU; see ``vllm_buffers``), the backing bytes random."""
+    own ``allocate_kv_cache``, on CPU; see ``buffers``), the backing bytes random."""
     import vllm_buffers as vb
 
     return vb.allocate(cfg, layout, vb.backend_class(backend), seed)

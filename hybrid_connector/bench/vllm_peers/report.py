@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hybrid_connector.bench.vllm_peers_setups import LABELS
+from hybrid_connector.bench.vllm_peers.setups import LABELS
 
 HOST_PEERS = ("offload-lru", "offload-arc", "simple")  # vLLM's own host-tier connectors
 

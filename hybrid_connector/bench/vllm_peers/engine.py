@@ -113,8 +113,8 @@ def kv_cache_config(vc: Any, block: int, num_blocks: int) -> Any:
 
 def allocate(cfg: Any) -> dict[str, Any]:
     """``register_kv_caches``'s argument as vLLM's GPU model runner makes it for ``cfg``
-    (vLLM's ``allocate_kv_cache`` on a CPU device; ``vllm_buffers``)."""
-    from hybrid_connector.bench import vllm_buffers as vb
+    (vLLM's ``allocate_kv_cache`` on a CPU device; ``buffers``)."""
+    from hybrid_connector.bench.vllm_peers import buffers as vb
 
     return vb.allocate(cfg, LAYOUT, vb.backend_class(BACKEND), seed=1)
 

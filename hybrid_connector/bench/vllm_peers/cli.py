@@ -57,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import dataclasses
 
-    from hybrid_connector.bench import vllm_peers as vp
-    from hybrid_connector.bench import vllm_peers_report as rep
-    from hybrid_connector.bench.vllm_peers_run import RunError
+    from hybrid_connector.bench.vllm_peers import report as rep
+    from hybrid_connector.bench.vllm_peers import sweep as vp
+    from hybrid_connector.bench.vllm_peers.run import RunError
 
     cfg = vp.quick() if args.quick else vp.PeersConfig()
     if args.traces:

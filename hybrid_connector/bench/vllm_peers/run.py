@@ -3,7 +3,7 @@
 Requests arrive closed-loop in trace order: up to ``concurrency`` run at once, and a
 request waits while an earlier request of its session is still running (its prompt holds
 that request's answer). Each request asks for its recorded answer's length and samples the
-recorded tokens (``vllm_peers_runner``). Measured per run:
+recorded tokens (``runner``). Measured per run:
 
 * ``hit_tokens``: per request, ``num_computed_tokens`` when vLLM first schedules it (vLLM's
   local prefix hit plus the connector's external hit, as vLLM's scheduler decided them);
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_connector.bench import vllm_peers_engine as eng
-from hybrid_connector.bench import vllm_peers_setups as st
+from hybrid_connector.bench.vllm_peers import engine as eng
+from hybrid_connector.bench.vllm_peers import setups as st
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ class RunError(RuntimeError):
 def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
             probe_every: int = 50, max_steps: int = 400_000) -> dict[str, Any]:
     """Serve ``records`` through vLLM's Scheduler with peer ``p`` (module docstring)."""
-    from hybrid_connector.bench import vllm_buffers as vb
-    from hybrid_connector.bench.vllm_peers_runner import Runner
+    from hybrid_connector.bench.vllm_peers import buffers as vb
+    from hybrid_connector.bench.vllm_peers.runner import Runner
 
     t_start = time.perf_counter()
     vc = eng.vllm_config(shape.model_dir, shape.block, connector=p.transfer,

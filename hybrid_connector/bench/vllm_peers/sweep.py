@@ -2,10 +2,10 @@
 offloading connectors, inside vLLM 0.33's real ``Scheduler``, on CPU.
 
 Every peer serves the same traces with the same device blocks and the same host bytes
-(``vllm_peers_setups``); vLLM's code decides every hit (its scheduler, KV cache manager and
+(``setups``); vLLM's code decides every hit (its scheduler, KV cache manager and
 each connector's scheduler side run unchanged); the one stand-in is the workers' GPU copy
-routine, a CPU copy (``vllm_peers_copy``). Every byte a hit restores is checked by the
-runner (``vllm_peers_runner``). The model is a scaled preset (``geometry.scaled``:
+routine, a CPU copy (``cpu_copy``). Every byte a hit restores is checked by the
+runner (``runner``). The model is a scaled preset (``geometry.scaled``:
 Qwen3.5-4B by default, token counts divided by ``divisor`` so vLLM's CPU block is the real
 528-token block to scale, 32 tokens), vLLM's prefix caching in align mode with dense
 retention (``prefix_cache_retention_interval=None``: every block boundary kept and offered
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybrid_connector.bench import vllm_peers_setups as st
+from hybrid_connector.bench.vllm_peers import setups as st
 
 TRACES = ("chat_edits", "agentic_branch", "multiround_qa", "mooncake")
 
@@ -90,7 +90,7 @@ def run_sweep(cfg: PeersConfig, *, progress: bool = True, work: Path | None = No
     """Every trace x budget x peer (``none`` once per trace); returns the results document.
     ``jobs`` > 1 runs that many traces at once, each in its own process (every run inside
     one trace stays sequential, so one trace's figures never share a process)."""
-    from hybrid_connector.bench import vllm_peers_engine as eng
+    from hybrid_connector.bench.vllm_peers import engine as eng
     from hybrid_connector.geometry.scaled import cpu_exact_divisor
 
     t0 = time.perf_counter()
@@ -127,8 +127,8 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
     import os
 
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    from hybrid_connector.bench import vllm_peers_engine as eng
-    from hybrid_connector.bench.vllm_peers_run import EngineShape, run_one
+    from hybrid_connector.bench.vllm_peers import engine as eng
+    from hybrid_connector.bench.vllm_peers.run import EngineShape, run_one
     from hybrid_connector.geometry.scaled import scaled_geometry
     from hybrid_connector.sim.working_set import budget_sweep, trace_stats, working_set_bytes
 

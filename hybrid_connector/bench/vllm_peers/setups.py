@@ -99,8 +99,8 @@ def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs
 
 
 def install_stand_in(name: str, worker: Any) -> None:
-    """Replace ``worker``'s GPU copy routine by the CPU one (``vllm_peers_copy``)."""
-    from hybrid_connector.bench import vllm_peers_copy as vc
+    """Replace ``worker``'s GPU copy routine by the CPU one (``cpu_copy``)."""
+    from hybrid_connector.bench.vllm_peers import cpu_copy as vc
 
     if name.startswith("offload"):
         vc.install_offloading_worker(worker)

@@ -61,7 +61,7 @@ class Runner:
                  block: int, backend: str) -> None:
         from vllm.v1.kv_cache_interface import MambaSpec
 
-        from hybrid_connector.bench import vllm_buffers as vb
+        from hybrid_connector.bench.vllm_peers import buffers as vb
 
         self.block = block
         specs = {n: g.kv_cache_spec for g in cfg.kv_cache_groups for n in g.layer_names}

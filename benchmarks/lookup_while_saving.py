@@ -40,7 +40,7 @@ from hybrid_connector.index.plan import SaveItem  # noqa: E402
 from hybrid_connector.tiers.host import HostTier  # noqa: E402
 from hybrid_connector.tiers.manager import TieredStore  # noqa: E402
 from hybrid_connector.tiers.nvme import NvmeTier  # noqa: E402
-from hybrid_connector.tiers.remote import RemoteTier  # noqa: E402
+from hybrid_connector.tiers.remote.tier import RemoteTier  # noqa: E402
 
 CHUNK = 256
 

@@ -47,7 +47,7 @@ CHUNK = [4 << 20]  # set from --chunk-size before the workers fork
 
 
 def _client(url: str) -> Any:
-    from hybrid_connector.tiers.remote import make_client
+    from hybrid_connector.tiers.remote.tier import make_client
 
     return make_client(url, timeout=30.0, chunk_size=CHUNK[0])
 
@@ -135,7 +135,7 @@ def main() -> None:
     from cluster_servers import run_cluster
     from tier_servers import run_redis
 
-    import hybrid_connector.tiers.remote  # noqa: F401  (imported once, before the workers fork)
+    import hybrid_connector.tiers.remote.tier  # noqa: F401  (imported once, before the workers fork)
 
     torch.set_num_threads(1)
 

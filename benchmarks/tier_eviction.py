@@ -65,7 +65,7 @@ def ledger_cost(window: int, n: int = 20000, cap: int = 2000) -> float:
     from hybrid_connector.core.keys import ObjectKey, ObjectKind
     from hybrid_connector.geometry.presets import load_geometry
     from hybrid_connector.policies.eviction.tier_value import TierValue
-    from hybrid_connector.tiers.ledger import Ledger, TierSpec
+    from hybrid_connector.tiers.ledger.ledger import Ledger, TierSpec
 
     tv = TierValue(load_geometry("qwen3.5-4b"), {"device": 1500e9, "host": 25e9, "nvme": 6e9},
                    445e12)

@@ -62,7 +62,7 @@ from hybrid_connector.tiers.device import DeviceTier
 from hybrid_connector.tiers.fileio import write_all
 from hybrid_connector.tiers.host import HostTier
 from hybrid_connector.tiers.nvme import NvmeTier
-from hybrid_connector.tiers.remote import LmClient, RedisClient, RemoteTier
+from hybrid_connector.tiers.remote.tier import LmClient, RedisClient, RemoteTier
 from hybrid_connector.tiers.tier import Tier
 
 K = ObjectKind

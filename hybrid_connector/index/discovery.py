@@ -35,7 +35,7 @@ from hybrid_connector.index.table import Effects
 
 
 class SharedView(Protocol):
-    """What discovery needs of the shared tier (``hybrid_connector.tiers.remote.RemoteTier`` is one)."""
+    """What discovery needs of the shared tier (``hybrid_connector.tiers.remote.tier.RemoteTier`` is one)."""
 
     def records(self, name: str) -> list[bytes]: ...
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.index.state import IndexCore
 from hybrid_connector.index.table import Effects
-from hybrid_connector.tiers.ledger import Placement
+from hybrid_connector.tiers.ledger.ledger import Placement
 from hybrid_connector.tree.radix import Node, ObjectRef
 
 

@@ -34,7 +34,7 @@ from hybrid_connector.core.keys import ObjectKey
 from hybrid_connector.index.plan import LoadPlan, PlannedObject
 from hybrid_connector.index.state import Lease
 from hybrid_connector.runtime.cache import HybridCache
-from hybrid_connector.tiers.ledger_types import pool_groups
+from hybrid_connector.tiers.ledger.records import pool_groups
 from hybrid_connector.tree.radix import ObjectRef
 
 Pool = str  # a budget pool's name (``TierSpec.kind_pool``)

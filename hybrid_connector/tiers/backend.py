@@ -20,7 +20,7 @@ from typing import Any
 from hybrid_connector.core.keys import ObjectKey
 from hybrid_connector.tiers.executor import Executor
 from hybrid_connector.tiers.hooks import CompanionFn, DemotionFilter, DropListener, StoreHooks
-from hybrid_connector.tiers.ledger import Ledger, TierSpec
+from hybrid_connector.tiers.ledger.ledger import Ledger, TierSpec
 from hybrid_connector.tiers.tier import Tier
 
 

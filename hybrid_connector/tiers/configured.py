@@ -17,7 +17,7 @@ import torch
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
-from hybrid_connector.tiers.ledger import TierSpec
+from hybrid_connector.tiers.ledger.ledger import TierSpec
 from hybrid_connector.tiers.slab import page_bytes
 from hybrid_connector.tiers.tier import Tier
 
@@ -55,7 +55,7 @@ def build_tiers(config: HybridConfig, device: torch.device | str | None = None,
     from hybrid_connector.tiers.host import HostTier
     from hybrid_connector.tiers.machine import check_sizes
     from hybrid_connector.tiers.nvme import NvmeTier
-    from hybrid_connector.tiers.remote import RemoteTier
+    from hybrid_connector.tiers.remote.tier import RemoteTier
 
     check_sizes(config, disk_path)
     tiers: list[Tier] = []
@@ -84,7 +84,7 @@ def shared_view(config: HybridConfig) -> Tier | None:
     None without a remote tier."""
     if not (config.remote_url and config.budget("remote").total):
         return None
-    from hybrid_connector.tiers.remote import RemoteTier
+    from hybrid_connector.tiers.remote.tier import RemoteTier
 
     return RemoteTier(str(config.remote_url), _budgets(config, "remote"), serde=config.remote_serde,
                       timeout=config.remote_timeout_s, limits=manifest_limits(config),

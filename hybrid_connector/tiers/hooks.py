@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hybrid_connector.core.keys import ObjectKey
-from hybrid_connector.tiers.ledger_value import ValueFn
+from hybrid_connector.tiers.ledger.value import ValueFn
 
 DropListener = Callable[[Sequence[ObjectKey]], None]
 DemotionFilter = Callable[[ObjectKey], bool]
@@ -22,7 +22,7 @@ class StoreHooks:
     lock; it may call back into the store). ``merits_demotion(key)``: whether an evicted
     object deserves a slower tier (no hook: yes). ``companions(kv_key)``: anchor keys that
     die with that KV chunk. ``tier_value(key, nbytes, tier, hits, age)``: the key's value per
-    byte in a tier for ``tier_eviction: value`` (``hybrid_connector.tiers.ledger_value``; no
+    byte in a tier for ``tier_eviction: value`` (``hybrid_connector.tiers.ledger.value``; no
     hook: unknown, LRU rules). The last three are called with the store's lock held: they
     must not block on other locks.
     """

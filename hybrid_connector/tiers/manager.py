@@ -1,5 +1,5 @@
 """``TieredStore``: the ``ObjectStore`` over this process's tiers. Its ledger half (the ledger
-decides where every object lives, see ``hybrid_connector.tiers.ledger``) has an executor that runs
+decides where every object lives, see ``hybrid_connector.tiers.ledger.ledger``) has an executor that runs
 the ops on these tiers; its object calls use them without an index.
 
 Placement (decided by the ledger): per object kind, each kind in its own pool in every
@@ -31,7 +31,7 @@ from hybrid_connector.core.meta import ObjectMeta
 from hybrid_connector.tiers.backend import spec_of
 from hybrid_connector.tiers.copy_engine import CopyEngine, LayerTransfer
 from hybrid_connector.tiers.executor import Executor
-from hybrid_connector.tiers.ledger import Placement, TierSpec
+from hybrid_connector.tiers.ledger.ledger import Placement, TierSpec
 from hybrid_connector.tiers.loads import LoadHandle, Miss
 from hybrid_connector.tiers.ops import Move, Op, Put
 from hybrid_connector.tiers.store import ObjectStore

@@ -19,7 +19,7 @@ import torch
 from hybrid_connector.core.config import TIERS, HybridConfig
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
-from hybrid_connector.tiers.ledger import TierSpec
+from hybrid_connector.tiers.ledger.ledger import TierSpec
 from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.tier import Tier, TierStats
 

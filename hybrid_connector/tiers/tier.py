@@ -111,7 +111,7 @@ class TierUnavailable(Exception):
 @dataclass(slots=True)
 class TierRecord:
     """What a tier knows about one stored object (the tier's record; the ledger's record of
-    the same object is ``hybrid_connector.tiers.ledger_types.Entry``)."""
+    the same object is ``hybrid_connector.tiers.ledger.records.Entry``)."""
 
     key: ObjectKey
     nbytes: int

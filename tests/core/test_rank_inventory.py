@@ -10,7 +10,7 @@ from hybrid_connector import assemble
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.runtime.ranks import RankGather
 from hybrid_connector.tiers.backend import Backend
-from hybrid_connector.tiers.ledger import TierSpec
+from hybrid_connector.tiers.ledger.ledger import TierSpec
 from hybrid_connector.tiers.ops import Remove
 
 

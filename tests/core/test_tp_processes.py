@@ -20,7 +20,7 @@ from hybrid_connector.index.plan import ObjectSpec
 from hybrid_connector.runtime.ranks import RankGather
 from hybrid_connector.runtime.session import cut_chunks
 from hybrid_connector.tiers.backend import Backend
-from hybrid_connector.tiers.ledger import TierSpec
+from hybrid_connector.tiers.ledger.ledger import TierSpec
 
 # A hybrid that shards over 2 ranks: per rank KV 16 B/token, a 40 B checkpoint.
 GEO = ModelGeometry.from_dict({

@@ -21,7 +21,7 @@ from tier_helpers import DTYPES, make_key, make_payload, same_bits  # noqa: E402
 from hybrid_connector.core.keys import ObjectKind  # noqa: E402
 from hybrid_connector.tiers.host import HostTier  # noqa: E402
 from hybrid_connector.tiers.manager import TieredStore  # noqa: E402
-from hybrid_connector.tiers.remote import RemoteTier  # noqa: E402
+from hybrid_connector.tiers.remote.tier import RemoteTier  # noqa: E402
 
 K = ObjectKind
 

@@ -18,7 +18,7 @@ import torch
 from tier_helpers import DTYPES, make_key, make_payload, same_bits
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.remote import RemoteTier
+from hybrid_connector.tiers.remote.tier import RemoteTier
 
 BIG = {k: 1 << 26 for k in ObjectKind}
 SHAPES = [(3, 5), (), (0,), (2, 3, 4)]

@@ -61,7 +61,7 @@ def test_the_record_announcing_a_chunk_fits_the_remote_tiers_manifests(redis_ser
     from hybrid_connector.core.meta import ObjectMeta
     from hybrid_connector.index.manifests import decode_record, encode_record
     from hybrid_connector.tiers.manager import TieredStore
-    from hybrid_connector.tiers.remote import RemoteTier
+    from hybrid_connector.tiers.remote.tier import RemoteTier
 
     cfg = load_config(overrides={"chunk_size": chunk, "remote_url": redis_server,
                                  "pools": {"remote": {"kv": 2**30}}}, environ={})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.ledger import Ledger, TierSpec
+from hybrid_connector.tiers.ledger.ledger import Ledger, TierSpec
 from hybrid_connector.tiers.ops import Move, Put, Remove, Take
 
 K = ObjectKind

@@ -15,8 +15,8 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers.backend import spec_of
 from hybrid_connector.tiers.configured import build_tiers, tier_specs
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.ledger import Ledger, TierSpec
-from hybrid_connector.tiers.ledger_types import pool_groups
+from hybrid_connector.tiers.ledger.ledger import Ledger, TierSpec
+from hybrid_connector.tiers.ledger.records import pool_groups
 from hybrid_connector.tiers.ops import Move, Put, Remove
 
 K = ObjectKind

@@ -1,4 +1,4 @@
-"""``tier_eviction: value`` in the ledger (``hybrid_connector.tiers.ledger_value``): the victim of a full
+"""``tier_eviction: value`` in the ledger (``hybrid_connector.tiers.ledger.value``): the victim of a full
 pool is the lowest value per byte, not the least recent; an object goes down only to a
 tier it loads from faster than it is recomputed (the real ``policies.tier_value`` over a
 real geometry); budgets, pins, pending puts and ``check()`` hold under random sequences;
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.geometry.presets import load_geometry
 from hybrid_connector.policies.eviction.tier_value import TierValue
-from hybrid_connector.tiers.ledger import Ledger, Placement, TierSpec
+from hybrid_connector.tiers.ledger.ledger import Ledger, Placement, TierSpec
 from hybrid_connector.tiers.ops import Move, Put, Remove
 
 K = ObjectKind

@@ -11,7 +11,7 @@ import pytest
 
 from hybrid_connector.tiers import lm_protocol, manifest
 from hybrid_connector.tiers.manifest import CorruptManifest, Limits
-from hybrid_connector.tiers.remote_clients import LmClient
+from hybrid_connector.tiers.remote.clients import LmClient
 
 LIM = Limits(max_records=8, max_record_bytes=32)
 

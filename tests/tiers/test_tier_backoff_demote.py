@@ -30,10 +30,10 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.plan import SaveItem
 from hybrid_connector.tiers.host import HostTier
-from hybrid_connector.tiers.ledger import Ledger, TierSpec
+from hybrid_connector.tiers.ledger.ledger import Ledger, TierSpec
 from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.ops import Move, Put, Remove
-from hybrid_connector.tiers.remote import RemoteTier
+from hybrid_connector.tiers.remote.tier import RemoteTier
 
 SHAPE = (64,)  # 256 bytes of float32
 HOST = {ObjectKind.KV: 4 * 256}  # four objects

@@ -22,7 +22,7 @@ from hybrid_connector.tiers.dirlock import LOCK_NAME
 from hybrid_connector.tiers.host import HostTier
 from hybrid_connector.tiers.manager import TieredStore
 from hybrid_connector.tiers.nvme import NvmeTier
-from hybrid_connector.tiers.remote import RemoteTier
+from hybrid_connector.tiers.remote.tier import RemoteTier
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}  # budgets far above the disk, so the disk is what fills
@@ -227,7 +227,7 @@ def test_remote_down_is_a_miss_logged_once(scheme: str, dead_port: int,
     tier = RemoteTier(url, BIG, timeout=0.5, min_backoff=60)
     with caplog.at_level(logging.WARNING):
         _remote_calls_never_raise(tier)
-    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote")) == 1
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote.tier")) == 1
     # One call failed on the network; the backoff answered every later one without it.
     assert tier.is_down and tier.failures == 1
 
@@ -240,7 +240,7 @@ def test_remote_stall_times_out_to_a_miss(scheme: str, stalled_server: StalledSe
     tier = RemoteTier(url, BIG, timeout=0.3, min_backoff=60)
     with caplog.at_level(logging.WARNING):
         _remote_calls_never_raise(tier)
-    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote")) == 1
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote.tier")) == 1
     # The first call timed out (a miss); the backoff answered the other 14 without the
     # network: the server saw one connection.
     assert tier.failures == 1 and stalled_server.accepted == 1
@@ -269,7 +269,7 @@ def test_remote_going_down_after_puts(tmp_path: Path, caplog: pytest.LogCaptureF
     with caplog.at_level(logging.WARNING):
         more = [(make_key(100 + i), make_payload(100 + i, (64,))) for i in range(4)]
         assert all(m.put(more))  # the host takes them (their remote copies fail)
-    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote")) == 1
+    assert len(warnings_from(caplog, "hybrid_connector.tiers.remote.tier")) == 1
     # host victims written through before the outage keep their remote copy: indexed there,
     # misses while it is down, never reported as drops
     assert not dropped and set(m.where([k for k, _ in items[4:]])) == {"remote"}

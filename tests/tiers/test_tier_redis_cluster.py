@@ -23,9 +23,9 @@ from tier_servers import StalledServer
 
 from hybrid_connector.core.config import ConfigError, load_config
 from hybrid_connector.core.keys import ObjectKind
-from hybrid_connector.tiers import remote_chunks
-from hybrid_connector.tiers.remote import RemoteTier, make_client
-from hybrid_connector.tiers.remote_cluster import RedisClusterClient
+from hybrid_connector.tiers.remote import chunks as remote_chunks
+from hybrid_connector.tiers.remote.cluster import RedisClusterClient
+from hybrid_connector.tiers.remote.tier import RemoteTier, make_client
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}
@@ -205,7 +205,7 @@ def test_cluster_urls_are_validated(tmp_path: Path) -> None:
     assert c.cfg.nodes == (("10.0.0.1", 7000), ("::1", 7001), ("node-c", 7002))
     assert (c.cfg.username, c.cfg.password, c.cfg.tls) == ("u", "p@ss", False)
     assert make_client("valkeys+cluster://h:1", 1.0).cfg.tls  # type: ignore[attr-defined]
-    from hybrid_connector.tiers.remote import RedisClient
+    from hybrid_connector.tiers.remote.tier import RedisClient
 
     assert isinstance(make_client("valkeys://h:1", 1.0), RedisClient)  # one server, TLS
     for bad, msg in [("redis+cluster://", "host:port"), ("redis+cluster://h", "host:port"),

@@ -28,7 +28,7 @@ from cluster_servers import Cluster, run_cluster
 from tier_helpers import make_key, make_payload, same_bits
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.remote import RemoteTier
+from hybrid_connector.tiers.remote.tier import RemoteTier
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}

@@ -1,7 +1,7 @@
 """Hostile chunk pointers on a real Redis Cluster (``redis_cluster`` fixture): a pointer
 anyone can write under ``hc:{digest}`` (CRC-valid, claiming millions or 2**32 - 1 chunks)
 costs a reader, and a writer replacing it, a few commands and kilobytes: nothing is built
-for the chunks it claims (``hybrid_connector.tiers.remote_chunks``). Before the fix a 3-million-chunk
+for the chunks it claims (``hybrid_connector.tiers.remote.chunks``). Before the fix a 3-million-chunk
 pointer cost every read and every put over it about 280 MB of chunk names and 8-10 s.
 """
 
@@ -18,9 +18,9 @@ from cluster_servers import Cluster
 from tier_helpers import make_key, make_payload, same_bits
 
 from hybrid_connector.core.keys import ObjectKind
-from hybrid_connector.tiers import remote_chunks
-from hybrid_connector.tiers.remote import RemoteTier
-from hybrid_connector.tiers.remote_chunks import MIN_CHUNK, Pointer, decode_pointer
+from hybrid_connector.tiers.remote import chunks as remote_chunks
+from hybrid_connector.tiers.remote.chunks import MIN_CHUNK, Pointer, decode_pointer
+from hybrid_connector.tiers.remote.tier import RemoteTier
 
 BIG = {k: 1 << 30 for k in ObjectKind}
 PEAK = 16 << 20  # the put's own 400 KB object and its chunks fit many times over

@@ -17,7 +17,7 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers import lm_protocol
 from hybrid_connector.tiers.host import HostTier
 from hybrid_connector.tiers.manager import TieredStore
-from hybrid_connector.tiers.remote import LmClient, RemoteTier, make_client
+from hybrid_connector.tiers.remote.tier import LmClient, RemoteTier, make_client
 
 K = ObjectKind
 

@@ -26,7 +26,7 @@ from tier_helpers import make_key, make_payload, same_bits
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.tiers import codec
 from hybrid_connector.tiers.manager import TieredStore
-from hybrid_connector.tiers.remote import RemoteTier
+from hybrid_connector.tiers.remote.tier import RemoteTier
 
 K = ObjectKind
 BIG = {k: 1 << 30 for k in K}

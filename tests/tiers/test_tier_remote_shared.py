@@ -24,7 +24,7 @@ from hybrid_connector.tiers import codec, manifest
 from hybrid_connector.tiers.executor import Executor
 from hybrid_connector.tiers.host import HostTier
 from hybrid_connector.tiers.manifest import Limits
-from hybrid_connector.tiers.remote import LmClient, RemoteTier
+from hybrid_connector.tiers.remote.tier import LmClient, RemoteTier
 
 K = ObjectKind
 

@@ -9,7 +9,7 @@ is enough to rebuild what Marconi's eviction needs from a radix tree:
 * ``PageChain``: per page, its depth (pages from the root; the page ends at token
   ``depth x page_size``), its parent page and how many stored states lie at or below it;
 * ``ChainValue``: the ledger's ``tier_value`` hook (``tier_eviction: value``,
-  ``hybrid_connector.tiers.ledger_value``) for SGLang's keys: a MAMBA state is worth the prefill of its
+  ``hybrid_connector.tiers.ledger.value``) for SGLang's keys: a MAMBA state is worth the prefill of its
   whole prefix (the hit it makes possible), a KV page the prefill of its own page of
   tokens after ``depth - 1`` pages of context, both from ``policies.tier_value`` (the
   model's FLOPs at the modeled compute rate, minus the tier's load time, times the
@@ -18,7 +18,7 @@ is enough to rebuild what Marconi's eviction needs from a radix tree:
   state L3 holds, so a KV page serves as many hits as there are stored states at or below
   it on its chains: its value is multiplied by that count, and a page with none can be
   part of no hit: it is worth 0, the first victim of its window, and is dropped rather
-  than demoted (``hybrid_connector.tiers.ledger_value``: nothing of value to keep). Measured against the
+  than demoted (``hybrid_connector.tiers.ledger.value``: nothing of value to keep). Measured against the
   LRU default in ``benchmarks/sglang_eviction.py`` (mixed: see the README).
 
 Keys the chain has no depth for (stored while SGLang did not pass ``prefix_keys``, or of
@@ -186,7 +186,7 @@ class PageChain:
 
 
 class ChainValue:
-    """The ``tier_value`` hook (``hybrid_connector.tiers.ledger_value.ValueFn``) for SGLang's keys of one
+    """The ``tier_value`` hook (``hybrid_connector.tiers.ledger.value.ValueFn``) for SGLang's keys of one
     rank (``fingerprints``), per the module docstring. Pure: reads the chain, never
     mutates; takes no lock but the chain's dictionary reads."""
 

@@ -1,7 +1,7 @@
 """What an object is worth in each tier: ``tier_eviction: value`` (Policies v2).
 
 Contract (``TierValue.__call__``, injected into the ledger as its
-``hybrid_connector.tiers.ledger_value.ValueFn`` through the index's store hooks; the tiers never
+``hybrid_connector.tiers.ledger.value.ValueFn`` through the index's store hooks; the tiers never
 import this module)::
 
     value(key, nbytes, tier, hits, age)

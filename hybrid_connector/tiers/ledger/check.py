@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.ledger_types import Entry, TierUsage
+from hybrid_connector.tiers.ledger.records import Entry, TierUsage
 
 
 def check_ledger(entries: Mapping[ObjectKey, Entry], tiers: Sequence[TierUsage],

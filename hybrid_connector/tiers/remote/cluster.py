@@ -5,7 +5,7 @@ which picks the client of any remote URL.
 
 Objects spread over the cluster's 16384 hash slots by their digest: an object's name is
 ``hc:{digest}``, its hash tag the digest, so the chunks of a large object (see
-``hybrid_connector.tiers.remote_chunks``: values over ``chunk_size`` bytes, 4 MiB by default) share its slot
+``hybrid_connector.tiers.remote.chunks``: values over ``chunk_size`` bytes, 4 MiB by default) share its slot
 and shard while different objects spread evenly. Manifests are lists, as on one server.
 
 redis-py's ``RedisCluster`` discovers the cluster (``CLUSTER SLOTS`` of any reachable
@@ -27,7 +27,7 @@ retry loop (its sleeps, its implicit topology refreshes behind locks) runs insid
   down, one INFO when it is back. Refreshes run on a thread of their own, and a batch
   over several shards (``exists_many``) asks them side by side, each under what is left
   of the call's deadline: a hung shard costs its own keys, not the others' (see
-  ``hybrid_connector.tiers.remote_shards``).
+  ``hybrid_connector.tiers.remote.shards``).
 * ``ShardUnavailable`` is a ``RemoteError`` the tier counts as a miss without marking the
   whole remote down (the other shards keep answering). ``CLUSTERDOWN``, ``TRYAGAIN``,
   ``READONLY``, ``LOADING``, an uncovered slot: the same. A cluster that cannot be
@@ -46,17 +46,18 @@ from typing import Any, TypeVar
 
 from hybrid_connector.core.keys import ObjectKey
 from hybrid_connector.core.remote_url import CLUSTER, parse_cluster_url, scheme_of
-from hybrid_connector.tiers import deadline, manifest, remote_clients
+from hybrid_connector.tiers import deadline, manifest
 from hybrid_connector.tiers.manifest import CorruptManifest, Limits
-from hybrid_connector.tiers.remote_chunks import MAX_CHUNK, MIN_CHUNK, decode_pointer, split
-from hybrid_connector.tiers.remote_clients import (
+from hybrid_connector.tiers.remote import clients as remote_clients
+from hybrid_connector.tiers.remote.chunks import MAX_CHUNK, MIN_CHUNK, decode_pointer, split
+from hybrid_connector.tiers.remote.clients import (
     RemoteClient,
     RemoteError,
     ReplyTooLarge,
     ShardUnavailable,
     _DeadlineConnection,
 )
-from hybrid_connector.tiers.remote_shards import (
+from hybrid_connector.tiers.remote.shards import (
     Shards,
     answering_first,
     cluster_via,
@@ -352,7 +353,7 @@ class RedisClusterClient(RemoteClient):
 def make_client(url: str, timeout: float, limits: Limits | None = None,
                 chunk_size: int = CHUNK_SIZE, max_len: int = MAX_LEN) -> RemoteClient:
     """Client of any remote URL: the cluster schemes here, the rest
-    ``hybrid_connector.tiers.remote_clients.make_client``. ``chunk_size`` and ``max_len`` apply to cluster
+    ``hybrid_connector.tiers.remote.clients.make_client``. ``chunk_size`` and ``max_len`` apply to cluster
     URLs (see ``RedisClusterClient``)."""
     if scheme_of(url) in CLUSTER:
         return RedisClusterClient(url, timeout, limits, chunk_size=chunk_size, max_len=max_len)

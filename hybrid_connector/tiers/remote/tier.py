@@ -1,12 +1,12 @@
 """Remote tier: ``lm://host:port`` (LMCache's ``lmcache_server``), ``redis://`` (Redis,
-Valkey) or ``redis+cluster://`` (a Redis or Valkey Cluster, ``hybrid_connector.tiers.remote_cluster``),
+Valkey) or ``redis+cluster://`` (a Redis or Valkey Cluster, ``hybrid_connector.tiers.remote.cluster``),
 shared by every cache instance (process, machine) that points at the server.
 
 Each object is one self-describing ``hybrid_connector.tiers.codec`` blob (key, dtype, shape, checksum;
 zstd when ``serde="zstd"``) stored under a name derived from the key digest, so dtype and
 shape round-trip bit for bit, any instance can read any other's objects, and a damaged or
-foreign blob is a miss. Clients live in ``hybrid_connector.tiers.remote_clients``, the backoff in
-``hybrid_connector.tiers.remote_guard``, the manifest API in ``hybrid_connector.tiers.remote_manifests``.
+foreign blob is a miss. Clients live in ``hybrid_connector.tiers.remote.clients``, the backoff in
+``hybrid_connector.tiers.remote.guard``, the manifest API in ``hybrid_connector.tiers.remote.manifests``.
 
 What this process knows, and what it asks the server:
 
@@ -55,7 +55,7 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.tiers import codec
 from hybrid_connector.tiers.indexed import IndexedTier
 from hybrid_connector.tiers.manifest import Limits
-from hybrid_connector.tiers.remote_clients import (
+from hybrid_connector.tiers.remote.clients import (
     LmClient,
     RedisClient,
     RemoteClient,
@@ -63,9 +63,9 @@ from hybrid_connector.tiers.remote_clients import (
     ReplyTooLarge,
     ShardUnavailable,
 )
-from hybrid_connector.tiers.remote_cluster import CHUNK_SIZE, make_client
-from hybrid_connector.tiers.remote_guard import Guard
-from hybrid_connector.tiers.remote_manifests import REFUSED, ManifestAccess
+from hybrid_connector.tiers.remote.cluster import CHUNK_SIZE, make_client
+from hybrid_connector.tiers.remote.guard import Guard
+from hybrid_connector.tiers.remote.manifests import REFUSED, ManifestAccess
 from hybrid_connector.tiers.tier import TierRecord, TierUnavailable, nbytes_of
 
 __all__ = ["LmClient", "RedisClient", "RemoteClient", "RemoteError", "RemoteTier",
@@ -83,7 +83,7 @@ class RemoteTier(ManifestAccess, IndexedTier):
     ``remote_timeout_s``), covering connect, send and the whole reply; a put that confirms
     (``confirm_puts``) makes two calls. ``client`` replaces the URL's client (tests).
     ``limits`` bound manifests; ``chunk_size``: the largest value one command moves on a
-    cluster (bigger objects are chunked, ``hybrid_connector.tiers.remote_chunks``). Shared: the ledger writes copies to it and never deletes
+    cluster (bigger objects are chunked, ``hybrid_connector.tiers.remote.chunks``). Shared: the ledger writes copies to it and never deletes
     from it.
     """
 

@@ -14,7 +14,7 @@ one truth of what is where.
   (``drops_with_room``, asserted zero by ``check``). With a
   value window (``value_window`` > 0, ``tier_eviction: value``) the victim is the lowest
   value per byte of the pool's oldest candidates and it goes down only where loading it
-  beats recomputing it (``hybrid_connector.tiers.ledger_value``).
+  beats recomputing it (``hybrid_connector.tiers.ledger.value``).
 * The shared tier (a remote store other instances use too) gets a copy of everything, is
   never removed from, and its budget only bounds how many shared-only objects are tracked.
 * A budget may be shared by several kinds (``TierSpec.kind_pool``, ``kv_state`` in the
@@ -37,9 +37,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.ledger_check import check_ledger
-from hybrid_connector.tiers.ledger_room import Room
-from hybrid_connector.tiers.ledger_types import (
+from hybrid_connector.tiers.ledger.check import check_ledger
+from hybrid_connector.tiers.ledger.records import (
     Entry,
     Placement,
     TierSpec,
@@ -48,7 +47,8 @@ from hybrid_connector.tiers.ledger_types import (
     pool_groups,
     pool_totals,
 )
-from hybrid_connector.tiers.ledger_value import ValueFn
+from hybrid_connector.tiers.ledger.room import Room
+from hybrid_connector.tiers.ledger.value import ValueFn
 from hybrid_connector.tiers.ops import Op, Put, Remove, Take
 
 __all__ = ["Entry", "Ledger", "Merits", "Placement", "Settled", "TierSpec", "ValueFn"]
@@ -389,7 +389,7 @@ class Ledger(Room):
             return Placement(e.tier, tuple(ops), tuple(dropped))
 
     def check(self) -> None:
-        """Raise AssertionError if usage or tracked bytes are off (``hybrid_connector.tiers.ledger_check``)
+        """Raise AssertionError if usage or tracked bytes are off (``hybrid_connector.tiers.ledger.check``)
         or an eviction dropped an object a tier below had room for."""
         with self.lock:
             assert not self.drops_with_room, f"{self.drops_with_room} drops with room below"

@@ -1,5 +1,5 @@
 """Blob store clients of the remote tier: ``lm://`` (LMCache's ``lmcache_server``) and
-``redis://`` (Redis, Valkey). ``hybrid_connector.tiers.remote.RemoteTier`` turns their errors into misses.
+``redis://`` (Redis, Valkey). ``hybrid_connector.tiers.remote.tier.RemoteTier`` turns their errors into misses.
 
 Every client method is one call under one deadline of ``timeout`` seconds (connect, send
 and every receive of every reply together; see ``hybrid_connector.tiers.deadline``), so a server that
@@ -358,4 +358,4 @@ def make_client(url: str, timeout: float, limits: Limits | None = None) -> Remot
     if u.scheme in ("redis", "rediss", "valkey", "valkeys"):
         return RedisClient(url, timeout, limits)
     raise ValueError(f"remote url {url!r}: unsupported scheme {u.scheme!r} "
-                     "(lm, redis, rediss, valkey, valkeys; their +cluster forms: see hybrid_connector.tiers.remote_cluster)")
+                     "(lm, redis, rediss, valkey, valkeys; their +cluster forms: see hybrid_connector.tiers.remote.cluster)")

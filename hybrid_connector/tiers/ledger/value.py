@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.ledger_types import Entry, TierUsage
+from hybrid_connector.tiers.ledger.records import Entry, TierUsage
 
 
 class ValueFn(Protocol):

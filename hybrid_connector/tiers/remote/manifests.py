@@ -1,5 +1,5 @@
 """``ManifestAccess``: the remote tier's manifest API (``append_record``, ``records``), a
-mixin of ``hybrid_connector.tiers.remote.RemoteTier``. Formats and semantics: ``hybrid_connector.tiers.manifest``.
+mixin of ``hybrid_connector.tiers.remote.tier.RemoteTier``. Formats and semantics: ``hybrid_connector.tiers.manifest``.
 
 Both calls run as one client call under one deadline, through the tier's guard (an
 unreachable server is False / [] at once while it is marked down) and never raise for
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 from hybrid_connector.tiers import manifest
 from hybrid_connector.tiers.manifest import CorruptManifest, Limits
-from hybrid_connector.tiers.remote_clients import ReplyTooLarge
+from hybrid_connector.tiers.remote.clients import ReplyTooLarge
 
 if TYPE_CHECKING:
-    from hybrid_connector.tiers.remote_clients import RemoteClient
+    from hybrid_connector.tiers.remote.clients import RemoteClient
 
-log = logging.getLogger("hybrid_connector.tiers.remote")
+log = logging.getLogger("hybrid_connector.tiers.remote.tier")
 T = TypeVar("T")
 REFUSED = object()  # the server answered, but with data we cannot use
 

@@ -1,4 +1,4 @@
-"""Chunked values of the cluster client (``hybrid_connector.tiers.remote_cluster``).
+"""Chunked values of the cluster client (``hybrid_connector.tiers.remote.cluster``).
 
 A blob longer than the chunk size is stored as chunks of at most that size, then a small
 pointer under the object's own name: ``POINTER`` = magic ``HCC1``, an 8-byte version id
@@ -19,7 +19,7 @@ verify the reassembled blob.
 A pointer is written by anyone who can reach the store, so its claims cost nothing until
 checked: chunk names are generated lazily (``ChunkNames``), never as a list of the claimed
 count, and callers bound the claimed length by the largest blob they accept before
-following it (``hybrid_connector.tiers.remote_cluster``): with ``MIN_CHUNK``, a bound of ``max_len`` bytes
+following it (``hybrid_connector.tiers.remote.cluster``): with ``MIN_CHUNK``, a bound of ``max_len`` bytes
 bounds the chunks at ``max_len / MIN_CHUNK``.
 """
 

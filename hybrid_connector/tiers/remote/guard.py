@@ -7,7 +7,7 @@ call succeeds again. Thread safe; the lock is never held during a call.
 
 An exception of a ``partial`` type (a cluster shard down: the rest of the store is fine)
 is a failed call too, counted, but marks nothing down: the client keeps its own backoff
-for the part that failed (``hybrid_connector.tiers.remote_cluster``).
+for the part that failed (``hybrid_connector.tiers.remote.cluster``).
 """
 
 from __future__ import annotations

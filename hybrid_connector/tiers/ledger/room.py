@@ -1,6 +1,6 @@
-"""How the ledger makes room in a local tier (mixed into ``hybrid_connector.tiers.ledger.Ledger``, which
+"""How the ledger makes room in a local tier (mixed into ``hybrid_connector.tiers.ledger.ledger.Ledger``, which
 owns the state): pick victims, demote them down the local tiers, move them off the local
-tiers to the shared one, or drop them. See ``hybrid_connector.tiers.ledger`` for the rules.
+tiers to the shared one, or drop them. See ``hybrid_connector.tiers.ledger.ledger`` for the rules.
 Only the ledger's public methods call these, with the ledger's lock held."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.tiers.ledger_types import Entry, TierUsage
-from hybrid_connector.tiers.ledger_value import ValueFn, lowest_value, worth_keeping
+from hybrid_connector.tiers.ledger.records import Entry, TierUsage
+from hybrid_connector.tiers.ledger.value import ValueFn, lowest_value, worth_keeping
 from hybrid_connector.tiers.ops import Move, Op, Remove
 
 

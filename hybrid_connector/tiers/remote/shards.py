@@ -1,4 +1,4 @@
-"""Shard bookkeeping of the cluster client (``hybrid_connector.tiers.remote_cluster``): which shards are
+"""Shard bookkeeping of the cluster client (``hybrid_connector.tiers.remote.cluster``): which shards are
 backed off, topology refreshes, and per-shard batches run side by side.
 
 * ``Shards.mark_down``/``mark_up``/``backing_off``: a shard that failed is backed off for
@@ -23,9 +23,9 @@ from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, ThreadPoolExecuto
 from typing import Any, TypeVar
 
 from hybrid_connector.tiers import deadline
-from hybrid_connector.tiers.remote_clients import ShardUnavailable
+from hybrid_connector.tiers.remote.clients import ShardUnavailable
 
-log = logging.getLogger("hybrid_connector.tiers.remote_cluster")
+log = logging.getLogger("hybrid_connector.tiers.remote.cluster")
 T = TypeVar("T")
 
 

@@ -133,7 +133,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--sessions", type=_positive, default=24, help="conversations (default 24)")
     p.add_argument("--turns", type=_positive, default=6, help="turns per conversation (default 6)")
     p.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
-    p.add_argument("--host-size", default="2GiB", help="host pool total (split 60/30/10 KV/state/anchor)")
+    p.add_argument("--host-size", default="2GiB", help="host pool total (90%% one budget KV and states share, 10%% anchors)")
     p.add_argument("--disk", help="directory for an NVMe tier below host memory")
     p.add_argument("--disk-size", default="8GiB", help="NVMe tier total (with --disk)")
     p.set_defaults(func=run)

@@ -80,9 +80,14 @@ def server_report(stats: dict[str, Any]) -> str:
     lines = [f"server up {srv['uptime_s']:.0f} s, {srv['sessions']} sessions, "
              f"{srv['connections']} connections, {srv['leases']} leases"]
     for name, t in stats["tiers"].items():
-        cap = sum(t["capacity"].values())
-        lines.append(f"tier {name:7s} {_fmt(sum(t['used'].values()))} of {_fmt(cap)} used, "
-                     f"{t['hits']} hits, {t['misses']} misses")
+        # ``pools`` counts a shared budget once; a server without it: per kind (no sharing)
+        pools = t.get("pools") or t["capacity"]
+        shared = [f"{p.replace('_', ' and ')} share {_fmt(b)}"
+                  for p, b in pools.items() if "_" in p and b]
+        lines.append(f"tier {name:7s} {_fmt(sum(t['used'].values()))} of "
+                     f"{_fmt(sum(pools.values()))} used"
+                     + (f" ({', '.join(shared)})" if shared else "")
+                     + f", {t['hits']} hits, {t['misses']} misses")
     rows = [(fp, m) for fp, m in stats["models"].items()]
     rows += [(fp, {"name": "LMCache objects", "held": h}) for fp, h in stats["plain"]["held"].items()]
     for fp, model in rows:

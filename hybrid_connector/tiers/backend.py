@@ -106,6 +106,13 @@ class Backend:
         for fn, ks in by_owner.values():
             fn(ks)
 
+    def total_capacity(self) -> int:
+        """Budget bytes over every tier and pool, each pool once: a budget kinds share
+        (``kv_state``) counts once, where summing ``capacity(kind)`` over kinds counts it
+        for each of them."""
+        with self.lock:
+            return sum(int(v) for s in self.ledger.specs for v in s.pools.values())
+
     def close(self) -> None:
         if self.executor is not None:
             self.executor.close()

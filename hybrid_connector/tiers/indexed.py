@@ -369,4 +369,8 @@ class IndexedTier(Tier):
             s.objects = {k.value: len(self._lru[k]) for k in ObjectKind}
             s.used = {k.value: self._used[k] for k in ObjectKind}
             s.capacity = {k.value: self._budget[k] for k in ObjectKind}
+            shared = "_".join(k.value for k in ObjectKind if k in self.joint)
+            # a shared budget once (``kv_state``), not once per kind that draws on it
+            s.pools = {(shared if k in self.joint else k.value): self._budget[k]
+                       for k in ObjectKind}
             return s

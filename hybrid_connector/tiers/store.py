@@ -61,7 +61,9 @@ class ObjectStore(Backend, ABC):
     # ------------------------------------------------------------------ room
     @abstractmethod
     def capacity(self, kind: ObjectKind) -> int:
-        """Total bytes this store can hold for ``kind`` (0: the kind is not stored)."""
+        """Total bytes this store can hold for ``kind`` (0: the kind is not stored). Kinds
+        sharing a budget (``kv_state``) each report all of it, so a sum over kinds counts
+        it twice: the store's total is ``total_capacity()``."""
 
     @abstractmethod
     def used(self, kind: ObjectKind) -> int:

@@ -125,12 +125,16 @@ class TierRecord:
 
 @dataclass(slots=True)
 class TierStats:
-    """Counters of one tier (monotonic except ``objects``/``used``)."""
+    """Counters of one tier (monotonic except ``objects``/``used``). ``capacity``: the most
+    bytes each kind may take (kinds sharing a budget each list all of it, so its values
+    must not be summed); ``pools``: budget bytes by pool, a shared budget once under its
+    kinds' values joined with ``_`` (``kv_state``): what the tier's total capacity sums."""
 
     name: str
     objects: dict[str, int] = field(default_factory=dict)
     used: dict[str, int] = field(default_factory=dict)
     capacity: dict[str, int] = field(default_factory=dict)
+    pools: dict[str, int] = field(default_factory=dict)
     puts: int = 0
     put_failures: int = 0
     hits: int = 0

@@ -5,6 +5,7 @@ differently, and the slab tiers holding exactly what the ledger allows."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -143,3 +144,30 @@ def test_config_kv_state_reaches_the_tiers_and_the_ledger_view() -> None:
     finally:
         for t in tiers:
             t.close()
+
+
+def test_a_shared_budget_counts_once_in_a_stores_totals() -> None:
+    """Regression: per-tier stats listed the ``kv_state`` budget under KV and under states,
+    so totals summed from them (the server's "X of Y used", ``inspect --server``) showed
+    twice the configured bytes. The totals count each pool once; the per-kind figures
+    still give each kind's room (the shared budget) and the pools say which is shared."""
+    from hybrid_connector.cli.inspect_cmd import server_report
+    from hybrid_connector.tiers.manager import build_store
+
+    cfg = load_config(overrides={"max_local_cpu_size": "1MiB",
+                                 "pools": {"host": {"kv_state": "924KiB", "anchor": "100KiB"}}},
+                      environ={})
+    store = build_store(cfg)
+    try:
+        host = store.stats()["tiers"]["host"]
+        report = server_report({
+            "server": {"uptime_s": 1.0, "sessions": 0, "connections": 0, "leases": 0},
+            "tiers": {"host": dataclasses.asdict(host)}, "models": {}, "plain": {"held": {}}})
+        assert "0 B of 1.00 MiB used" in report, report  # was 1.90 MiB: kv_state twice
+        assert "kv and state share 924.00 KiB" in report, report
+        assert store.total_capacity() == 1 << 20
+        assert host.pools == {"kv_state": 924 << 10, "anchor": 100 << 10}
+        assert host.capacity == {"kv": 924 << 10, "state": 924 << 10, "anchor": 100 << 10}
+        assert store.capacity(K.KV) == store.capacity(K.STATE) == 924 << 10
+    finally:
+        store.close()

@@ -25,6 +25,8 @@ import torch
 import vllm_buffers as vb
 from vllm_support import BACKEND, BLOCK, LAYOUT, allocate
 
+from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_forward
+
 
 def _digest(h: bytes, tag: bytes, n: int) -> torch.Tensor:
     raw = hashlib.shake_256(h + tag).digest(n)
@@ -131,7 +133,7 @@ class Runner:
 
     # ------------------------------------------------------------ one step
     def step(self, so: Any) -> Any:
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.outputs import ModelRunnerOutput
 
         for nr in so.scheduled_new_reqs:
             self.reqs[nr.req_id] = Req(list(nr.prompt_token_ids), [list(b) for b in nr.block_ids],
@@ -152,10 +154,8 @@ class Runner:
             self.reqs.pop(rid, None)
         conn = self.connector
         out = None
-        if conn is not None:  # the order of vLLM's KVConnectorModelRunnerMixin
-            conn.bind_connector_metadata(so.kv_connector_metadata)
-            if so.has_sync_kv_loads:
-                conn.start_load_kv(None)
+        if conn is not None:  # the order of vLLM's GPU model runner and connector mixin
+            before_forward(conn, so)
         ids = list(so.num_scheduled_tokens)
         sampled: list[list[int]] = []
         for rid in ids:
@@ -169,17 +169,7 @@ class Runner:
             else:
                 sampled.append([])
         if conn is not None:
-            if not so.has_sync_kv_loads:
-                conn.start_load_kv(None)
-            conn.wait_for_save()
-            res = conn.get_transfer_results(set(so.finished_req_ids))
-            out = KVConnectorOutput(finished_sending=res.finished_sending,
-                                    finished_recving=res.finished_recving,
-                                    failed_recving=res.failed_recving,
-                                    invalid_block_ids=conn.get_block_ids_with_load_errors(),
-                                    kv_connector_stats=conn.get_kv_connector_stats(),
-                                    kv_connector_worker_meta=conn.build_connector_worker_meta())
-            conn.clear_connector_metadata()
+            out = after_forward(conn, so)
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled, kv_connector_output=out)
 

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_forward
+
 
 @dataclass
 class _Req:
@@ -137,7 +139,7 @@ class Runner:
 
     # ------------------------------------------------------------ one step
     def step(self, so: Any) -> Any:
-        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.outputs import ModelRunnerOutput
 
         for nr in so.scheduled_new_reqs:
             self.first_hit.setdefault(nr.req_id, nr.num_computed_tokens)
@@ -160,11 +162,8 @@ class Runner:
         for rid in so.finished_req_ids:
             self.reqs.pop(rid, None)
         conn = self.connector
-        if conn is not None:  # gpu_model_runner, then KVConnectorModelRunnerMixin
-            conn.handle_preemptions(so.kv_connector_metadata)
-            conn.bind_connector_metadata(so.kv_connector_metadata)
-            if so.has_sync_kv_loads:
-                conn.start_load_kv(None)
+        if conn is not None:
+            before_forward(conn, so)
         ids = list(so.num_scheduled_tokens)
         sampled: list[list[int]] = []
         for rid in ids:
@@ -181,16 +180,6 @@ class Runner:
                 sampled.append([])
         out = None
         if conn is not None:
-            if not so.has_sync_kv_loads:
-                conn.start_load_kv(None)
-            conn.wait_for_save()
-            res = conn.get_transfer_results(set(so.finished_req_ids))
-            out = KVConnectorOutput(finished_sending=res.finished_sending,
-                                    finished_recving=res.finished_recving,
-                                    failed_recving=res.failed_recving,
-                                    invalid_block_ids=conn.get_block_ids_with_load_errors(),
-                                    kv_connector_stats=conn.get_kv_connector_stats(),
-                                    kv_connector_worker_meta=conn.build_connector_worker_meta())
-            conn.clear_connector_metadata()
+            out = after_forward(conn, so)
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled, kv_connector_output=out)

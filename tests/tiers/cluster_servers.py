@@ -45,7 +45,8 @@ class Cluster:
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
 
-    def cli_call(self, port: int, *args: str, timeout: float = 5.0) -> str:
+    def cli_call(self, port: int, *args: str, timeout: float = 30.0) -> str:
+        # generous: a command answers at once on an idle node; a busy CI machine only delays it
         r = subprocess.run([self.cli, "-h", "127.0.0.1", "-p", str(port), *args],
                            capture_output=True, timeout=timeout, check=False)
         return r.stdout.decode(errors="replace")

@@ -97,7 +97,9 @@ def _failover(c: Cluster, how: str) -> None:
         assert writer.put(its) == [True] * len(its)
         truth = {k: v for k, v in its}
         for p in c.masters():  # every write reached the replicas before the crash
-            assert c.cli_call(p, "wait", "1", "5000").strip() == "1"
+            # WAIT returns at the first ack; its own limit stays below the subprocess's, so
+            # a busy machine makes it slower, never a timeout (both were 5 s: a CI run lost)
+            assert c.cli_call(p, "wait", "1", "30000", timeout=45.0).strip() == "1"
 
         def master(k: ObjectKey) -> int:
             return c.master_of_slot(key_slot(writer.client.name_for(k).encode()))

@@ -9,8 +9,10 @@ shard is down the others keep answering for their slots.
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from tier_servers import _missing, _stop, _wait_port, free_port, hang
+from tier_servers import _missing, _stop, _wait_port, hang
 
 
 def cluster_binaries() -> tuple[str, str]:
@@ -110,6 +112,28 @@ class Cluster:
         raise RuntimeError(f"cluster not ok within {timeout}s: {self.cli_call(self.alive()[0], 'cluster', 'info')}")
 
 
+def _free_bus_pair() -> int:
+    """A port p with p and its cluster bus p + 10000 both free, both below the kernel's
+    ephemeral range: a free port from that range could have its bus port taken meanwhile
+    by any outgoing connection (a clean-clone CI run lost a node to exactly that)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    top = min(low, 65536) - 10000
+    rng = random.Random()
+    for _ in range(1000):
+        p = rng.randrange(1024, top)
+        socks = [socket.socket() for _ in range(2)]
+        try:
+            for s, port in zip(socks, (p, p + 10000), strict=True):
+                s.bind(("127.0.0.1", port))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port pair (p, p + 10000) below the ephemeral range")
+
+
 def _start_node(server: str, workdir: Path, port: int, node_timeout_ms: int) -> subprocess.Popen[bytes]:
     d = workdir / str(port)
     d.mkdir(parents=True, exist_ok=True)
@@ -133,8 +157,8 @@ def run_cluster(workdir: Path, masters: int = 3, replicas: int = 1,
     server, cli = cluster_binaries()
     ports: list[int] = []
     while len(ports) < masters * (1 + replicas):
-        p = free_port()
-        if p not in ports and p + 10000 < 65536:  # the cluster bus is port + 10000
+        p = _free_bus_pair()
+        if p not in ports:
             ports.append(p)
     c = Cluster(workdir, cli, ports)
     try:

@@ -26,6 +26,7 @@ import vllm_buffers as vb
 from vllm_support import BACKEND, BLOCK, LAYOUT, allocate
 
 from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_forward
+from hybrid_connector.bench.vllm_peers.sched_output import apply_scheduler_output
 
 
 def _digest(h: bytes, tag: bytes, n: int) -> torch.Tensor:
@@ -47,6 +48,10 @@ class Req:
             self.chain.append(hashlib.blake2b(self.chain[-1] + self.tokens[i].to_bytes(8, "little"),
                                               digest_size=16).digest())
         return self.chain[t]
+
+    def resumed(self) -> None:
+        """After a preemption (new block table and tokens from vLLM)."""
+        self.verified = False
 
 
 class Runner:
@@ -135,23 +140,9 @@ class Runner:
     def step(self, so: Any) -> Any:
         from vllm.v1.outputs import ModelRunnerOutput
 
-        for nr in so.scheduled_new_reqs:
-            self.reqs[nr.req_id] = Req(list(nr.prompt_token_ids), [list(b) for b in nr.block_ids],
-                                       nr.num_computed_tokens)
-        cd = so.scheduled_cached_reqs
-        for i, rid in enumerate(cd.req_ids):
-            r = self.reqs[rid]
-            if rid in cd.resumed_req_ids:  # after a preemption: a new block table
-                self.preempted += 1
-                r.block_ids = [list(b) for b in cd.new_block_ids[i]]
-                r.tokens = list(cd.all_token_ids.get(rid, r.tokens))
-                r.verified = False
-            elif cd.new_block_ids[i] is not None:
-                for g, ids in enumerate(cd.new_block_ids[i]):
-                    r.block_ids[g].extend(ids)
-            r.computed = cd.num_computed_tokens[i]
-        for rid in so.finished_req_ids:
-            self.reqs.pop(rid, None)
+        self.preempted += apply_scheduler_output(
+            so, self.reqs, lambda nr: Req(list(nr.prompt_token_ids),
+                                          [list(b) for b in nr.block_ids], nr.num_computed_tokens))
         conn = self.connector
         out = None
         if conn is not None:  # the order of vLLM's GPU model runner and connector mixin

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_forward
+from hybrid_connector.bench.vllm_peers.sched_output import apply_scheduler_output
 
 
 @dataclass
@@ -47,6 +48,11 @@ class _Req:
             self.chain.append(hashlib.blake2b(self.chain[-1] + self.tokens[i].to_bytes(8, "little"),
                                               digest_size=16).digest())
         return self.chain[t]
+
+    def resumed(self) -> None:
+        """After a preemption (new tokens from vLLM): re-derive hashes, check again."""
+        self.chain = self.chain[: len(self.tokens) + 1]
+        self.checked = False
 
     def hashes(self, a: int, b: int) -> np.ndarray:
         """``[b - a, 16]`` float32: the hash of ``tokens[:t + 1]`` for t in [a, b)."""
@@ -138,29 +144,16 @@ class Runner:
         r.computed = end
 
     # ------------------------------------------------------------ one step
+    def _new_req(self, nr: Any) -> _Req:
+        self.first_hit.setdefault(nr.req_id, nr.num_computed_tokens)
+        p = list(nr.prompt_token_ids)
+        return _Req(p, self.outputs.get(nr.req_id, []), len(p), [list(b) for b in nr.block_ids],
+                    nr.num_computed_tokens)
+
     def step(self, so: Any) -> Any:
         from vllm.v1.outputs import ModelRunnerOutput
 
-        for nr in so.scheduled_new_reqs:
-            self.first_hit.setdefault(nr.req_id, nr.num_computed_tokens)
-            p = list(nr.prompt_token_ids)
-            self.reqs[nr.req_id] = _Req(p, self.outputs.get(nr.req_id, []), len(p),
-                                        [list(b) for b in nr.block_ids], nr.num_computed_tokens)
-        cd = so.scheduled_cached_reqs
-        for i, rid in enumerate(cd.req_ids):
-            r = self.reqs[rid]
-            if rid in cd.resumed_req_ids:  # after a preemption: a new block table
-                self.preempted += 1
-                r.block_ids = [list(b) for b in cd.new_block_ids[i]]
-                r.tokens = list(cd.all_token_ids.get(rid, r.tokens))
-                r.chain = r.chain[: len(r.tokens) + 1]
-                r.checked = False
-            elif cd.new_block_ids[i] is not None:
-                for g, ids in enumerate(cd.new_block_ids[i]):
-                    r.block_ids[g].extend(ids)
-            r.computed = cd.num_computed_tokens[i]
-        for rid in so.finished_req_ids:
-            self.reqs.pop(rid, None)
+        self.preempted += apply_scheduler_output(so, self.reqs, self._new_req)
         conn = self.connector
         if conn is not None:
             before_forward(conn, so)

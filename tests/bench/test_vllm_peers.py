@@ -1,7 +1,8 @@
 """``hybrid-connector bench vllm-peers`` on a small trace: every peer runs in vLLM 0.33's real
 Scheduler, vLLM decided every hit (the runner's count of each request's computed tokens at
 its first schedule equals vLLM's own SchedulerStats), connectors' loads happened and every
-byte they restored was checked, and the report and plot are written."""
+byte they restored was checked, every row carries its bytes moved and a modeled TTFT, and
+the report and plot are written."""
 
 from __future__ import annotations
 
@@ -39,7 +40,28 @@ def test_every_peer_runs_in_vllms_scheduler_and_its_hits_are_vllms_and_checked(t
         assert ours["failed_loads"] == 0 and ours["hits_without_state"] == 0, name
         assert ours["loaded_tokens"] > 0, name
         assert rows[name]["hit_tokens"] > none["hit_tokens"], name
+    for name, r in rows.items():  # bytes moved and stored per hit token, every connector
+        assert r["stored_bytes_per_hit_token"] == pytest.approx(r["stored_bytes"] / r["hit_tokens"])
+        if name not in ("ours", "ours-pooled"):
+            assert (r["loaded_bytes"], r["stored_bytes"]) == (
+                r["standin_loaded_bytes"], r["standin_stored_bytes"]), name
+    for name in ("ours", "ours-pooled"):  # our own counters, through vLLM's SchedulerStats
+        assert rows[name]["loaded_bytes"] > 0 and rows[name]["stored_bytes"] > 0, name
+    assert rows["none"]["loaded_bytes"] == rows["none"]["stored_bytes"] == 0
+    m = doc["ttft_model"]
+    assert m["peak_bf16_tflops"] > 0 and 0 < m["mfu"] <= 1 and m["load_gbps"]["host"] > 0
+    for name, r in rows.items():  # modeled TTFT: its parts add up, loads only with loaded bytes
+        t = r["ttft"]
+        assert t["mean_ms"] == pytest.approx(t["compute_ms"] + t["load_ms"] + m["overhead_ms"])
+        assert t["compute_ms"] > 0 and (t["load_ms"] > 0) == (r["loaded_bytes"] > 0), name
+        assert "per_request" not in r
+    host = [rows[n]["ttft_vs_best_vllm"] for n in rep.HOST_PEERS]
+    assert min(host) == pytest.approx(1.0) and all(x >= 1.0 for x in host)
+    assert rows["none"]["ttft_vs_best_vllm"] is None
+    assert rows["ours"]["ttft_vs_best_vllm"] == pytest.approx(
+        rows["ours"]["ttft"]["mean_ms"] / min(rows[n]["ttft"]["mean_ms"] for n in rep.HOST_PEERS))
     assert "HybridConnector (ours)" in rep.markdown(doc)
     out = rep.text(doc)
     assert "HybridConnector (ours)" in out and "MET" not in out
+    assert all(c in out for c in ("held/hit", "wrtn/hit", "TTFT ms", "vs best", "TFLOP/s", "GB/s"))
     assert rep.plot(tmp_path / "p.png", doc) is None and (tmp_path / "p.png").stat().st_size > 0

@@ -18,8 +18,11 @@ OffloadingConnector (LRU and ARC), vLLM's SimpleCPUOffloadConnector and this pro
 connector, with the same device blocks and the same host bytes, at host budgets from a
 quarter to four times each trace's working set. vLLM's code decides every hit; only the
 workers' GPU copy routine is replaced by a CPU copy. Prints per trace and budget the token
-hit rate, tokens recomputed, bytes held per hit token and scheduler time per step, who wins
-by how much, and where the JSON, text and PNG went. Needs vLLM 0.33 installed."""
+hit rate, tokens recomputed, host bytes held and written per hit token, a modeled time to
+first token of the unscaled model on an H200 (prefill FLOPs at a stated throughput plus
+the connector's loads at a stated host-to-GPU bandwidth) and its ratio to the best of vLLM's
+connectors, scheduler time per step, who wins by how much, and where the JSON, text and PNG
+went. Needs vLLM 0.33 installed."""
 EXAMPLES = """\
 examples:
   hybrid-connector bench vllm-peers --quick

@@ -1,6 +1,7 @@
 """What ``hybrid-connector bench vllm-peers`` prints and writes: a table per trace (hit rate,
-tokens recomputed, bytes held per hit token, scheduler ms per step, per budget and peer),
-a summary of who wins by how much at each budget, the JSON document and a plot."""
+tokens recomputed, host bytes held and written per hit token, modeled time to first token
+and its ratio to the best of vLLM's host-tier connectors, scheduler ms per step, per budget
+and peer), a summary of who wins by how much at each budget, the JSON document and a plot."""
 
 from __future__ import annotations
 
@@ -13,9 +14,15 @@ from hybrid_connector.bench.vllm_peers.setups import LABELS
 HOST_PEERS = ("offload-lru", "offload-arc", "simple")  # vLLM's own host-tier connectors
 
 
+def _num(x: float | None, fmt: str, width: int) -> str:
+    return f"{'-' if x is None else format(x, fmt):>{width}}"
+
+
 def _cell(r: dict[str, Any]) -> str:
-    bph = r["bytes_per_hit_token"]
-    return (f"{r['hit_rate']:6.3f} {r['recomputed']:>9,} {bph if bph is None else round(bph):>7} "
+    t = r.get("ttft")
+    return (f"{r['hit_rate']:6.3f} {r['recomputed']:>10,} {_num(r['bytes_per_hit_token'], '.0f', 8)} "
+            f"{_num(r.get('stored_bytes_per_hit_token'), '.0f', 8)} "
+            f"{_num(t['mean_ms'] if t else None, '.1f', 8)} {_num(r.get('ttft_vs_best_vllm'), '.2f', 7)} "
             f"{r['sched_ms_mean']:6.2f} {r['sched_ms_p99']:6.2f}")
 
 
@@ -26,12 +33,13 @@ def table(doc: dict[str, Any], trace: str) -> str:
     head = (f"{trace}: {t['requests']:,} requests, {t['prompt_tokens']:,} prompt tokens, live-peak "
             f"working set {t['working_set_bytes'] / 1e6:.2f} MB, device cache {t['device_blocks']} "
             f"blocks ({t['device_bytes'] / 1e6:.1f} MB)")
-    lines = [head, f"  {'host budget':>16s}  {'connector':28s} {'hit':>6s} {'recomputed':>9s} "
-                   f"{'B/hit':>7s} {'ms/st':>6s} {'p99':>6s}"]
+    lines = [head, f"  {'host budget':>16s}  {'connector':30s} {'hit':>6s} {'recomputed':>10s} "
+                   f"{'held/hit':>8s} {'wrtn/hit':>8s} {'TTFT ms':>8s} {'vs best':>7s} "
+                   f"{'ms/st':>6s} {'p99':>6s}"]
     for r in sorted(rows, key=lambda r: (r["multiple"] or 0, list(LABELS).index(r["peer"]))):
         b = ("any" if r["multiple"] is None
              else f"{r['multiple']:g}x ({r['budget'] / 1e6:.2f} MB)")
-        lines.append(f"  {b:>16s}  {LABELS[r['peer']]:28s} {_cell(r)}")
+        lines.append(f"  {b:>16s}  {LABELS[r['peer']]:30s} {_cell(r)}")
     return "\n".join(lines)
 
 
@@ -54,9 +62,11 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
                 who = (f"{LABELS[name]} wins" if d > 0.0005 else
                        "tie" if abs(d) <= 0.0005 else f"{LABELS[best['peer']]} wins")
                 rec = (ours["recomputed"] / best["recomputed"]) if best["recomputed"] else float("nan")
+                tt = ours.get("ttft_vs_best_vllm")
+                ttft = "" if tt is None else f"; modeled TTFT x{tt:.2f}"
                 out.append(f"  {trace:15s} {m:>4g}x {LABELS[name]:30s}: {who:34s} hit rate "
                            f"{ours['hit_rate']:.3f} vs {best['hit_rate']:.3f} ({d:+.3f}); "
-                           f"recomputed x{rec:.2f}; sched {ours['sched_ms_mean']:.2f} vs "
+                           f"recomputed x{rec:.2f}{ttft}; sched {ours['sched_ms_mean']:.2f} vs "
                            f"{best['sched_ms_mean']:.2f} ms/step")
     return out
 
@@ -72,15 +82,36 @@ def text(doc: dict[str, Any]) -> str:
         f"{doc['config']['concurrency']} requests at once.",
         "Every hit decided by vLLM's code; the only stand-in is the workers' GPU copy routine "
         "(a CPU copy); every restored byte checked by the runner.",
-        "Columns: token hit rate (vLLM's local + external hit at each request's first "
-        "schedule), prompt tokens recomputed, host bytes held per hit token (peak), "
-        "schedule()+update_from_output() ms per step (mean, p99).", ""]
+        *_legend(doc), ""]
     for trace in doc["traces"]:
         parts += [table(doc, trace), ""]
     v = verdicts(doc)
     if v:
         parts += ["Ours against the best of vLLM's host-tier connectors (same host bytes):", *v]
     return "\n".join(parts)
+
+
+def _legend(doc: dict[str, Any]) -> list[str]:
+    """The column legend and, where the document has one, the TTFT model's figures."""
+    out = [
+        "Columns: hit = token hit rate (vLLM's local + external hit at each request's first "
+        "schedule); recomputed = prompt tokens computed (a preempted request counts again);",
+        "  held/hit = peak host bytes the connector held per hit token; wrtn/hit = bytes it "
+        "wrote to the host tier over the run per hit token (both in the scaled model's bytes);",
+        "  TTFT ms = mean modeled time to first token of the unscaled model (below); vs best = "
+        "that over the lowest of vLLM's host-tier connectors at the same budget;",
+        "  ms/st, p99 = schedule() + update_from_output() per step, mean and 99th percentile (ms)."]
+    m = doc.get("ttft_model")
+    if m:
+        per_tok = m["byte_factor"] / m["token_factor"]
+        out += [
+            f"Modeled TTFT: {m['model']} unscaled (tokens x{m['token_factor']:g}, bytes "
+            f"x{m['byte_factor']:,.0f}) on an H200: prefill FLOPs at {m['peak_bf16_tflops']:g} "
+            f"TFLOP/s BF16 dense x MFU {m['mfu']:g}, the connector's loads from pinned host memory "
+            f"at {m['load_gbps']['host']:g} GB/s (PCIe Gen5 x16), + {m['overhead_ms']:g} ms per "
+            "request; compute and loads added, queueing not modeled.",
+            f"  Full-size bytes per hit token are the held/hit and wrtn/hit figures x{per_tok:,.0f}."]
+    return out
 
 
 def markdown(doc: dict[str, Any]) -> str:
@@ -108,8 +139,13 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
+def _value(r: dict[str, Any], key: str) -> float:
+    return float(r["ttft"]["mean_ms"] if key == "ttft" else r[key])
+
+
 def plot(path: Path, doc: dict[str, Any]) -> str | None:
-    """Hit rate against the host budget, one panel per trace; None or why not written."""
+    """Hit rate (and, where the rows have it, mean modeled TTFT) against the host budget, one
+    column of panels per trace; None or why not written."""
     try:
         import matplotlib
 
@@ -118,27 +154,32 @@ def plot(path: Path, doc: dict[str, Any]) -> str | None:
     except ImportError as exc:  # matplotlib is an optional extra
         return f"matplotlib not available ({exc})"
     traces = list(doc["traces"])
-    fig, axes = plt.subplots(1, len(traces), figsize=(4.2 * len(traces), 3.6), squeeze=False)
+    panels = [("hit_rate", "token hit rate")]
+    if all("ttft" in r for r in doc["rows"]):
+        panels.append(("ttft", "modeled TTFT, H200 (ms)"))
+    fig, axes = plt.subplots(len(panels), len(traces), figsize=(4.2 * len(traces), 3.6 * len(panels)),
+                             squeeze=False)
     style = {"offload-lru": ("tab:blue", "--"), "offload-arc": ("tab:cyan", "--"),
              "simple": ("tab:green", ":"), "ours": ("tab:red", "-"),
              "ours-pooled": ("tab:orange", "-")}
-    for ax, trace in zip(axes[0], traces, strict=True):
-        rows = [r for r in doc["rows"] if r["trace"] == trace]
-        for peer, (color, ls) in style.items():
-            pts = sorted((r["multiple"], r["hit_rate"]) for r in rows if r["peer"] == peer)
-            if pts:
-                ax.plot(*zip(*pts, strict=True), ls, marker="o", color=color, label=LABELS[peer])
-        base = [r["hit_rate"] for r in rows if r["peer"] == "none"]
-        if base:
-            ax.axhline(base[0], color="grey", lw=1, label=LABELS["none"])
-        ax.set_xscale("log", base=2)
-        ms = sorted({r["multiple"] for r in rows if r["multiple"] is not None})
-        ax.set_xticks(ms, [f"{m:g}x" for m in ms])
-        ax.minorticks_off()
-        ax.set_title(trace)
-        ax.set_xlabel("host budget / live-peak working set")
-        ax.set_ylabel("token hit rate")
-        ax.grid(alpha=0.3)
+    for row, (key, ylabel) in enumerate(panels):
+        for ax, trace in zip(axes[row], traces, strict=True):
+            rows = [r for r in doc["rows"] if r["trace"] == trace]
+            for peer, (color, ls) in style.items():
+                pts = sorted((r["multiple"], _value(r, key)) for r in rows if r["peer"] == peer)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), ls, marker="o", color=color, label=LABELS[peer])
+            base = [_value(r, key) for r in rows if r["peer"] == "none"]
+            if base:
+                ax.axhline(base[0], color="grey", lw=1, label=LABELS["none"])
+            ax.set_xscale("log", base=2)
+            ms = sorted({r["multiple"] for r in rows if r["multiple"] is not None})
+            ax.set_xticks(ms, [f"{m:g}x" for m in ms])
+            ax.minorticks_off()
+            ax.set_title(trace)
+            ax.set_xlabel("host budget / live-peak working set")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"vLLM {doc['vllm']} Scheduler, same device blocks and host bytes "
                  f"({doc['geometry']['preset']} scaled)", fontsize=9)

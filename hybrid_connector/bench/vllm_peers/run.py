@@ -13,14 +13,19 @@ recorded tokens (``runner``). Measured per run:
   counts again);
 * ``sched_ms``: ``schedule()`` + ``update_from_output()`` per step;
 * ``held_bytes``: host bytes the connector holds at the end, and the peak seen at every
-  ``probe_every`` steps.
+  ``probe_every`` steps;
+* ``loaded_bytes`` / ``stored_bytes``: bytes the connector copied into vLLM's blocks and out
+  of them to its host tier (vLLM's connectors: the stand-in copy's counters; ours: its own
+  ``loaded_bytes`` / ``saved_bytes`` as vLLM's ``SchedulerStats`` carry them);
+* ``per_request``: (prompt, hit, external hit) tokens per request, the external part from
+  vLLM's ``PrefillStats`` (what ``ttft`` models the time to first token from).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +50,31 @@ class EngineShape:
 
 class RunError(RuntimeError):
     """A run that did not finish or read a wrong byte."""
+
+
+@dataclass
+class _Tally:
+    """What vLLM hands back per step: its prefix-hit counters (local and connector), each
+    request's external hit at its first schedule (``PrefillStats``) and the connector's
+    byte counters (``kv_connector_stats``, those our connector reports)."""
+
+    vllm_hits: int = 0
+    external: dict[str, int] = field(default_factory=dict)
+    conn: dict[str, int] = field(default_factory=dict)
+
+    def take(self, eco: dict[int, Any]) -> None:
+        for e in eco.values():
+            s = e.scheduler_stats
+            if s is not None:
+                self.vllm_hits += s.prefix_cache_stats.hits
+                if s.connector_prefix_cache_stats is not None:
+                    self.vllm_hits += s.connector_prefix_cache_stats.hits
+                for k, v in (s.kv_connector_stats or {}).items():
+                    if k in ("loaded_bytes", "saved_bytes"):
+                        self.conn[k] = self.conn.get(k, 0) + int(v)
+            for o in e.outputs:
+                if o.prefill_stats is not None:
+                    self.external.setdefault(o.request_id, o.prefill_stats.num_external_cached_tokens)
 
 
 def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
@@ -96,7 +126,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     busy: set[str] = set()
     running = 0
     step_ms: list[float] = []
-    vllm_hits = 0
+    tally = _Tally()
     peak = 0
     steps = 0
     while pending or sched.has_unfinished_requests():
@@ -112,12 +142,8 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         t2 = time.perf_counter()
         eco = sched.update_from_output(so, mro)
         step_ms.append((time.perf_counter() - t2 + t1 - t0) * 1e3)
+        tally.take(eco)
         for e in eco.values():
-            s = e.scheduler_stats
-            if s is not None:
-                vllm_hits += s.prefix_cache_stats.hits
-                if s.connector_prefix_cache_stats is not None:
-                    vllm_hits += s.connector_prefix_cache_stats.hits
             for o in e.outputs:
                 if o.finish_reason is not None:
                     busy.discard(session_of[o.request_id])
@@ -129,36 +155,43 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
             raise RunError(f"{p.name}: not finished after {max_steps} steps")
     for _ in range(3):  # the last saves' reports come back
         so = sched.schedule()
-        sched.update_from_output(so, runner.step(so))
+        tally.take(sched.update_from_output(so, runner.step(so)))
     if p.name.startswith("ours"):
-        _settle(sched, runner)
+        _settle(sched, runner, tally)
     held = st.held_bytes(p.name, sched, worker)
-    loaded, stored = st.moved_bytes(p.name, worker)
+    s_loaded, s_stored = st.moved_bytes(p.name, worker)  # (0, 0) for ours: its own counters
+    loaded, stored = ((tally.conn.get("loaded_bytes", 0), tally.conn.get("saved_bytes", 0))
+                      if p.name.startswith("ours") else (s_loaded, s_stored))
     prompt_total = sum(prompts.values())
-    hits = sum(min(runner.first_hit.get(r, 0), prompts[r]) for r in prompts)
+    hit_of = {r: min(runner.first_hit.get(r, 0), prompts[r]) for r in prompts}
+    hits = sum(hit_of.values())
     ms = np.asarray(step_ms)
     return {
         "peer": p.name, "budget": p.budget, "requests": len(records), "steps": steps,
-        "prompt_tokens": prompt_total, "hit_tokens": hits, "vllm_hits": int(vllm_hits),
+        "prompt_tokens": prompt_total, "hit_tokens": hits, "vllm_hits": int(tally.vllm_hits),
         "hit_rate": hits / prompt_total if prompt_total else 0.0,
         "recomputed": int(runner.computed_prompt_tokens),
         "held_bytes": held, "peak_bytes": max(peak, held),
         "bytes_per_hit_token": max(peak, held) / hits if hits else None,
+        "loaded_bytes": int(loaded), "stored_bytes": int(stored),
+        "stored_bytes_per_hit_token": stored / hits if hits else None,
         "sched_ms_mean": float(ms.mean()), "sched_ms_p50": float(np.percentile(ms, 50)),
         "sched_ms_p99": float(np.percentile(ms, 99)),
         "checked_tokens": int(runner.checked_tokens), "preempted": int(runner.preempted),
-        "standin_loaded_bytes": loaded, "standin_stored_bytes": stored,
+        "standin_loaded_bytes": s_loaded, "standin_stored_bytes": s_stored,
+        "per_request": [(prompts[r], hit_of[r], min(tally.external.get(r, 0), hit_of[r]))
+                        for r in prompts],
         **_ours_stats(p.name, sched),
     }
 
 
-def _settle(sched: Any, runner: Any, deadline_s: float = 30.0) -> None:
+def _settle(sched: Any, runner: Any, tally: _Tally, deadline_s: float = 30.0) -> None:
     """Step the idle engine until our connector's in-flight saves are reported (they come
     back a step or more after the copy)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         so = sched.schedule()
-        sched.update_from_output(so, runner.step(so))
+        tally.take(sched.update_from_output(so, runner.step(so)))
         if not sched.requests:
             return
         time.sleep(0.01)

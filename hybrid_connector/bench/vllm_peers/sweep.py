@@ -17,6 +17,9 @@ a Mooncake-format replay. Host budgets are multiples of each trace's live-peak w
 (``sim.working_set``: the clairvoyant peak of KV and states still due a reuse, in this
 geometry's bytes). The device cache is ``device_share`` of that working set (at least what
 ``concurrency`` typical requests need), so vLLM's own prefix cache alone cannot hold it.
+
+Each row also carries a modeled time to first token of the unscaled model on an H200
+(``ttft``) and its ratio to the best of vLLM's host-tier connectors at the same budget.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from hybrid_connector.bench.vllm_peers import setups as st
+from hybrid_connector.bench.vllm_peers import ttft
+from hybrid_connector.bench.vllm_peers.report import HOST_PEERS
 
 TRACES = ("chat_edits", "agentic_branch", "multiround_qa", "mooncake")
 
@@ -107,13 +112,16 @@ def run_sweep(cfg: PeersConfig, *, progress: bool = True, work: Path | None = No
     else:
         done = [_run_trace(a) for a in args]
     geom = sg.geometry
+    rows = [r for _, _, rows in done for r in rows]
+    ttft.best_vllm_ratios(rows, HOST_PEERS)
     return {
         "benchmark": "vllm-peers", "config": asdict(cfg), "vllm": _vllm_version(),
         "geometry": {"preset": cfg.preset, "divisor": divisor, "block": sg.cpu_block_size(),
                      "kv_bytes_per_token": geom.kv_bytes_per_token(),
                      "state_bytes": geom.state_bytes(), "real_block": sg.real.block_size},
         "traces": {t: info for t, info, _ in done},
-        "rows": [r for _, _, rows in done for r in rows],
+        "rows": rows,
+        "ttft_model": ttft.for_preset(cfg.preset, divisor).constants(),
         "peers": {n: st.LABELS[n] for n in cfg.peers},
         "vllm_classes": {n: st.VLLM_CLASSES[n] for n in cfg.peers},
         "stand_in": {n: st.STAND_IN.get(n, "none") for n in cfg.peers},
@@ -151,6 +159,7 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
             "working_set_bytes": ws, "device_blocks": nblocks,
             "device_bytes": nblocks * block_bytes, "max_len": max_len,
             "reusable_share": stats["reusable_share"]}
+    model = ttft.for_preset(cfg.preset, sg.divisor)
     rows: list[dict[str, Any]] = []
     for m, budget in budget_sweep(ws, cfg.multiples).items():
         for name in cfg.peers:
@@ -158,14 +167,16 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
                 continue  # no connector: the budget does not matter
             p = st.peer(name, budget, preset=cfg.preset, block=block, work=root, configs=configs)
             r = run_one(shape, p, recs)
-            r.update(trace=tname, multiple=m if name != "none" else None)
+            r.update(trace=tname, multiple=m if name != "none" else None,
+                     ttft=model.summary(r.pop("per_request"), r["loaded_bytes"]))
             rows.append(r)
             with (root / f"rows-{tname}.jsonl").open("a") as f:  # a partial sweep is kept
                 f.write(json.dumps(r, default=str) + "\n")
             if progress:
                 what = "any budget" if name == "none" else f"{m:g}x"
                 print(f"  {tname:15s} {what:>10s} {st.LABELS[name]:28s} hit rate "
-                      f"{r['hit_rate']:.3f}  sched {r['sched_ms_mean']:.2f} ms/step  "
+                      f"{r['hit_rate']:.3f}  modeled TTFT {r['ttft']['mean_ms']:.0f} ms  "
+                      f"sched {r['sched_ms_mean']:.2f} ms/step  "
                       f"({r['wall_s']:.0f} s)", file=sys.stderr, flush=True)
     return tname, info, rows
 

@@ -70,3 +70,25 @@ def test_loads_no_request_counted_as_a_hit_are_shared_evenly() -> None:
     m = ttft.TTFTModel(get_preset("qwen3.5-4b"), 16.5, byte_factor=1.0, overhead_s=0.0)
     loads = [x for _, x in m.requests([(10, 0, 0), (10, 0, 0)], loaded_bytes=50e9)]
     assert loads == [pytest.approx(1.0), pytest.approx(1.0)]  # 25 GB each at 25 GB/s
+
+
+def test_the_report_compares_rows_merged_from_separate_runs() -> None:
+    from hybrid_connector.bench.vllm_peers import report as rep
+
+    def row(peer: str, mult: float | None, ms: float) -> dict[str, object]:
+        return {"peer": peer, "trace": "a", "multiple": mult, "budget": 1e6, "ttft": {"mean_ms": ms},
+                "hit_rate": 0.5, "recomputed": 10, "bytes_per_hit_token": 3.0,
+                "stored_bytes_per_hit_token": 4.0, "sched_ms_mean": 1.0, "sched_ms_p99": 2.0}
+
+    # the pooled row came from its own run (no vLLM connector beside it: no ratio yet)
+    rows = [row("none", None, 30.0), row("offload-lru", 1.0, 20.0), row("simple", 1.0, 25.0),
+            dict(row("ours-pooled", 1.0, 15.0), ttft_vs_best_vllm=None)]
+    doc = {"geometry": {"preset": "qwen3.5-4b", "divisor": 16.5, "block": 32, "real_block": 528,
+                        "kv_bytes_per_token": 256, "state_bytes": 24192},
+           "vllm": "0.33.0", "config": {"concurrency": 1},
+           "traces": {"a": {"requests": 2, "prompt_tokens": 20, "working_set_bytes": 1e6,
+                            "device_blocks": 8, "device_bytes": 1e6}}, "rows": rows,
+           "ttft_model": ttft.for_preset("qwen3.5-4b", 16.5).constants()}
+    out = rep.text(doc)
+    assert rows[3]["ttft_vs_best_vllm"] == pytest.approx(0.75)
+    assert "0.75" in out and "+ 10 ms per request" in out and "x128" in out

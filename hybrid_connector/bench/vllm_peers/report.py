@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hybrid_connector.bench.vllm_peers.setups import LABELS
+from hybrid_connector.bench.vllm_peers.ttft import best_vllm_ratios
 
 HOST_PEERS = ("offload-lru", "offload-arc", "simple")  # vLLM's own host-tier connectors
 
@@ -72,7 +73,11 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
 
 
 def text(doc: dict[str, Any]) -> str:
-    """The whole report (what the command prints and the .txt holds)."""
+    """The whole report (what the command prints and the .txt holds). Refreshes each row's
+    ``ttft_vs_best_vllm`` first, so a document whose rows were merged from separate runs
+    compares every row with the best vLLM connector among all of them."""
+    if all("ttft" in r for r in doc["rows"]):
+        best_vllm_ratios(doc["rows"], HOST_PEERS)
     g = doc["geometry"]
     parts = [
         f"vLLM {doc['vllm']} Scheduler on CPU, {g['preset']} scaled by 1/{g['divisor']:g} "

@@ -48,6 +48,9 @@ def test_every_peer_runs_in_vllms_scheduler_and_its_hits_are_vllms_and_checked(t
     for name in ("ours", "ours-pooled"):  # our own counters, through vLLM's SchedulerStats
         assert rows[name]["loaded_bytes"] > 0 and rows[name]["stored_bytes"] > 0, name
     assert rows["none"]["loaded_bytes"] == rows["none"]["stored_bytes"] == 0
+    assert rows["none"]["external_hit_tokens"] == 0
+    assert all(0 <= r["external_hit_tokens"] <= r["hit_tokens"] for r in rows.values())
+    assert rows["ours"]["external_hit_tokens"] > 0
     m = doc["ttft_model"]
     assert m["peak_bf16_tflops"] > 0 and 0 < m["mfu"] <= 1 and m["load_gbps"]["host"] > 0
     for name, r in rows.items():  # modeled TTFT: its parts add up, loads only with loaded bytes

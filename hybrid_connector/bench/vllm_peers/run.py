@@ -18,7 +18,8 @@ recorded tokens (``runner``). Measured per run:
   of them to its host tier (vLLM's connectors: the stand-in copy's counters; ours: its own
   ``loaded_bytes`` / ``saved_bytes`` as vLLM's ``SchedulerStats`` carry them);
 * ``per_request``: (prompt, hit, external hit) tokens per request, the external part from
-  vLLM's ``PrefillStats`` (what ``ttft`` models the time to first token from).
+  vLLM's ``PrefillStats`` (what ``ttft`` models the time to first token from), and
+  ``external_hit_tokens`` their sum (the hit tokens the connector served).
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     prompt_total = sum(prompts.values())
     hit_of = {r: min(runner.first_hit.get(r, 0), prompts[r]) for r in prompts}
     hits = sum(hit_of.values())
+    detail = [(prompts[r], hit_of[r], min(tally.external.get(r, 0), hit_of[r])) for r in prompts]
     ms = np.asarray(step_ms)
     return {
         "peer": p.name, "budget": p.budget, "requests": len(records), "steps": steps,
@@ -179,8 +181,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         "sched_ms_p99": float(np.percentile(ms, 99)),
         "checked_tokens": int(runner.checked_tokens), "preempted": int(runner.preempted),
         "standin_loaded_bytes": s_loaded, "standin_stored_bytes": s_stored,
-        "per_request": [(prompts[r], hit_of[r], min(tally.external.get(r, 0), hit_of[r]))
-                        for r in prompts],
+        "external_hit_tokens": sum(e for _, _, e in detail), "per_request": detail,
         **_ours_stats(p.name, sched),
     }
 

@@ -47,8 +47,8 @@ from hybrid_connector.sim.prefill import PrefillModel
 #: SXM; H200 differs in HBM3e capacity and bandwidth).
 PEAK_BF16_FLOPS = 989e12
 #: Model FLOPs utilisation of a long prefill: 0.45, the project's stated figure
-#: (``recompute_tflops`` default 445 = 989 x 0.45; ``sim.prefill``; the capacity benchmark).
-#: Published large-prefill MFUs of dense BF16 models on Hopper lie around 0.4-0.6.
+#: (``recompute_tflops`` default 445 = 989 x 0.45; ``sim.prefill``; the capacity benchmark),
+#: an assumption, not a measurement of this model's kernels.
 MFU = 0.45
 #: Fixed cost per request, seconds: scheduling, kernel launches, the first token's decode
 #: (``sim.prefill.PrefillModel.overhead_s``, the capacity benchmark's ``overhead_ms``).

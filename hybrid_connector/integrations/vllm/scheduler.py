@@ -37,6 +37,7 @@ from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.index.plan import LoadPlan, ObjectSpec
+from hybrid_connector.integrations.vllm.junctions import offer_junction
 from hybrid_connector.integrations.vllm.meta import (
     Held,
     HybridConnectorMetadata,
@@ -155,6 +156,8 @@ class SchedulerSide:
             self.index.discover(toks, rec.engine_hashes(self.hash_block, request.block_hashes, toks),
                                 alignment=self.bs)
         plan = self.index.lookup(toks, alignment=self.hit_align, replay=False)
+        if self.groups.recurrent:  # a branch point inside its first chunk (junctions.py)
+            offer_junction(request, plan.matched_tokens, max(num_computed, plan.num_tokens), self.bs)
         if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
             return 0, False
         rec.plan, rec.plan_base = plan, num_computed

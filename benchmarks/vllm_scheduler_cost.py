@@ -2,6 +2,12 @@
 ``update_from_output()`` per engine step, with no connector, with HybridConnector and with
 vLLM's own ``OffloadingConnector`` (CPU tier), over the same fixed-seed trace.
 
+HybridConnector runs twice, with the shipped ``configs/vllm-nemotron_h.yaml`` taken to the
+benchmark's scale as the head-to-head does (``hybrid_connector.bench.vllm_peers.setups``:
+``chunk_size`` two blocks, ``hash_block_size`` / ``alignment`` one block, no disk):
+``hybrid`` with the host tier as one KV+state budget (``pools.host.kv_state``, what the
+shipped configs set) and ``hybrid-split`` with it split KV 24 : states 12.
+
 Run: ``.venv/bin/python benchmarks/vllm_scheduler_cost.py [--quick] [--profile]`` (CPU,
 vLLM 0.33.0 from ``scripts/install_engines.sh``).
 
@@ -20,7 +26,8 @@ ratio to the no-connector run of the same invocation. Time is the engine-core th
 own threads (HybridConnector's tier I/O) are not on it either. ``--repeat`` rounds run the connectors
 in turn and each one's run with the lowest mean is kept (a busy machine only adds time).
 ``--profile`` prints cProfile's top functions for HybridConnector's scheduler side.
-Writes ``benchmarks/results/vllm_scheduler_cost_c<concurrency>[_quick].json``.
+Writes ``vllm_scheduler_cost_c<concurrency>[_quick].json`` under ``--out`` (default
+``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -50,9 +57,11 @@ import vllm_support as s  # noqa: E402
 
 from hybrid_connector.sim.traces_engine import agentic_branch  # noqa: E402
 
-CONNECTORS = ("none", "hybrid", "offloading")
-LABELS = {"none": "no connector", "hybrid": "HybridConnector",
+CONNECTORS = ("none", "hybrid", "hybrid-split", "offloading")
+LABELS = {"none": "no connector", "hybrid": "HybridConnector, pooled budget (shipped)",
+          "hybrid-split": "HybridConnector, KV / state split",
           "offloading": "OffloadingConnector (CPU)"}
+HYBRID = ("hybrid", "hybrid-split")
 
 
 class TimingRunner(h.Runner):
@@ -100,14 +109,19 @@ def trace(quick: bool) -> list[tuple[list[int], int]]:
 
 def configs(root: Path, args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
     """(VllmConfig, KVCacheConfig) per connector; the same device blocks and host bytes."""
+    from hybrid_connector.bench.vllm_peers.setups import ours_yaml
+
     host = args.host_mb << 20
-    y = root / "hybrid.yaml"
-    y.write_text("chunk_size: 64\nhash_block_size: 32\nalignment: 32\nsave_decode_cache: true\n"
-                 f"pools:\n  host: {{kv: {host * 2 // 3}, state: {host // 3}}}\n")
+    yamls = {}
+    for name in HYBRID:
+        yamls[name] = root / f"{name}.yaml"
+        yamls[name].write_text(ours_yaml("nemotron-h-8b", s.BLOCK, host, ROOT / "configs",
+                                         pooled=name == "hybrid"))
     model = s.tiny_nemotron_h(root)
     out = {}
     for name in CONNECTORS:
-        vc = s.vllm_config(model, y, retention=None, num_blocks=args.blocks, max_len=4096)
+        vc = s.vllm_config(model, yamls.get(name, yamls["hybrid"]), retention=None,
+                           num_blocks=args.blocks, max_len=4096)
         vc.scheduler_config.max_num_seqs = args.concurrency
         vc.scheduler_config.max_num_batched_tokens = args.batch_tokens
         if name == "none":
@@ -127,7 +141,7 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     time of the engine-core thread, or wall time with ``cpu`` False)."""
     sched = h.make_scheduler(vc, cfg)
     worker = None
-    if name == "hybrid":
+    if name in HYBRID:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
@@ -166,7 +180,7 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     else:
         raise AssertionError("scheduler did not finish")
     external = None
-    if name == "hybrid":
+    if name in HYBRID:
         external = sched.connector.sched.stats.hit_tokens
     if worker is not None:
         worker.shutdown()
@@ -190,9 +204,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds; each connector's run with the lowest mean is reported")
     ap.add_argument("--only", choices=CONNECTORS, action="append", help="run only these")
-    ap.add_argument("--profile", action="store_true", help="cProfile HybridConnector's run")
+    ap.add_argument("--profile", choices=HYBRID, nargs="?", const="hybrid",
+                    help="cProfile this HybridConnector run (default: the pooled one)")
     ap.add_argument("--wall", action="store_true",
                     help="wall time instead of the thread's CPU time (on a quiet machine)")
+    ap.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="vllm_sched_cost"))
     envs = configs(root, args)
@@ -219,24 +235,30 @@ def main() -> None:
               f"{r['mean_ms']:.3f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
               f"{r['mean_vs_none']:.2f}x | {r['p99_vs_none']:.2f}x |")
     by = {r["connector"]: r for r in rows}
-    if "hybrid" in by and "offloading" in by:
-        a, b = by["hybrid"], by["offloading"]
-        print(f"HybridConnector vs OffloadingConnector: mean {a['mean_ms'] / b['mean_ms']:.2f}x, "
-              f"p50 {a['p50_ms'] / b['p50_ms']:.2f}x, p99 {a['p99_ms'] / b['p99_ms']:.2f}x")
-    if "hybrid" in by:
-        print(f"tokens HybridConnector loaded: {by['hybrid']['connector_hit_tokens']} (the rest of "
-              "the hits are vLLM's own prefix cache, alike in every run)")
+    for name in HYBRID:
+        if name in by and "offloading" in by:
+            a, b = by[name], by["offloading"]
+            print(f"{LABELS[name]} vs OffloadingConnector: mean {a['mean_ms'] / b['mean_ms']:.2f}x, "
+                  f"p50 {a['p50_ms'] / b['p50_ms']:.2f}x, p99 {a['p99_ms'] / b['p99_ms']:.2f}x")
+    for name in HYBRID:
+        if name in by:
+            print(f"tokens {LABELS[name]} loaded: {by[name]['connector_hit_tokens']} (the rest of "
+                  "the hits are vLLM's own prefix cache, alike in every run)")
     print("OffloadingConnector's worker is a stand-in that reports each transfer done in its own "
           "step; HybridConnector's worker copies for real.")
     if args.profile:
         prof = cProfile.Profile()
-        run("hybrid", *envs["hybrid"], reqs, args.concurrency, prof)
+        run(args.profile, *envs[args.profile], reqs, args.concurrency, prof)
         buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("cumtime").print_stats("hybrid_connector", 40)
+        st = pstats.Stats(prof, stream=buf)
+        st.sort_stats("cumtime").print_stats("hybrid_connector", 40)
+        st.sort_stats("tottime").print_stats(25)
         print(buf.getvalue())
     name = f"vllm_scheduler_cost_c{args.concurrency}{'_quick' if args.quick else ''}.json"
-    out = ROOT / "benchmarks" / "results" / name
-    out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "only"},
+    out = (args.out or ROOT / "benchmarks" / "results") / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()
+                                            if k not in ("only", "out")},
                                "rows": rows}, indent=1))
     print(f"wrote {out}")
 

@@ -25,6 +25,7 @@ ROOT_HASH = bytes(HASH_BYTES)  # hash of the empty prefix
 MAX_FINGERPRINT = 256  # characters; model_fingerprint gives 32
 MAX_PREFIX_BYTES = 64  # our hashes are 16 bytes; engines' own block hashes up to 64
 MAX_POSITION = (1 << 63) - 1  # token positions stay int64
+_INT64 = np.dtype(np.int64)  # native byte order
 # Printable ASCII without space and without '@' (the field separator of ``to_str``).
 _FINGERPRINT_RE = re.compile(r"[!-?A-~]+")
 
@@ -41,6 +42,11 @@ def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """Return ``tokens`` as a contiguous 1-D int64 array (no copy when already one).
     Raises ValueError on a non 1-D input, non-integer values (floats are never truncated
     silently) or negative token ids."""
+    if (type(tokens) is np.ndarray and tokens.dtype == _INT64 and tokens.ndim == 1
+            and tokens.flags.c_contiguous):  # the common case: what this function returned
+        if tokens.size and int(tokens.min()) < 0:
+            raise ValueError("token ids must be non-negative")
+        return tokens
     raw = np.asarray(tokens)
     if raw.size and (raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer)):
         raise ValueError(f"token ids must be integers, got dtype {raw.dtype}")

@@ -38,7 +38,7 @@ from hybrid_connector.core.keys import ObjectKey, PrefixHasher, as_tokens
 from hybrid_connector.core.meta import ObjectMeta
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.discovery import Found, SharedView, discover
-from hybrid_connector.index.hit import Hit, Usable, find_hit, kv_chain
+from hybrid_connector.index.hit import Hit, Usable, UsableNow, find_hit, kv_chain
 from hybrid_connector.index.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.index.rebuild import Rebuilt, adopt_reported, relink
 from hybrid_connector.index.reclaim import Reclaimer
@@ -69,6 +69,7 @@ class CacheIndex(IndexCore):
         self.reclaim = Reclaimer(self)
         self.saver = Saver(self, self.reclaim)
         self.shared_view: SharedView | None = None  # the shared tier, for ``discover``
+        self._slow_tiers = {s.name for s in self.ledger.specs if s.slow} | SLOW_TIERS  # fixed
         self.eviction.bind(self.tree, geometry, self.reclaim.evictable)
         # tier_eviction: value scores tier victims and destinations (the backend's setting)
         valued = config.tier_eviction == "value"
@@ -97,12 +98,12 @@ class CacheIndex(IndexCore):
         align = self._alignment(alignment)
         use_replay = self.config.replay if replay is None else replay
         with self.lock:
-            m = self.tree.match(arr)
-            hit = self._find(m, arr.size, align, use_replay, self.table.usable)
+            m = self.tree.match_tokens(arr)
+            usable = UsableNow(*self.table.unusable_sets())
+            hit = self._find(m, arr.size, align, use_replay, usable)
             pending = 0
-            if self.table.has_pending:
-                later = self._find(m, arr.size, align, use_replay,
-                                   lambda k: not self.table.is_doomed(k))
+            if usable.met_pending:  # else the search counting them would retrace this one
+                later = self._find(m, arr.size, align, use_replay, usable.once_landed)
                 pending = later.p if later.p > hit.p else 0
             if not hit.p or hit.node is None:
                 return LoadPlan(0, True, kv_tokens=hit.kv_reach, matched_tokens=m.length,
@@ -130,7 +131,7 @@ class CacheIndex(IndexCore):
             raise ValueError(f"lookup_at: p={p!r} must be a non-negative multiple of the "
                              f"alignment {align}")
         with self.lock:
-            m = self.tree.match(arr)
+            m = self.tree.match_tokens(arr)
             miss = LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
             if not 0 < p < arr.size or p > m.length:
                 return miss
@@ -154,7 +155,7 @@ class CacheIndex(IndexCore):
             return LoadPlan(0, True, kv_tokens=reach, matched_tokens=matched,
                             prompt_tokens=int(arr.size), pending_tokens=pending)
         planned = [PlannedObject(r, t) for r, t in zip(refs, tiers, strict=True) if t]
-        slow = {s.name for s in self.ledger.specs if s.slow} | SLOW_TIERS
+        slow = self._slow_tiers
         n_kv = len(kv)
         return LoadPlan(
             num_tokens=p,
@@ -185,9 +186,10 @@ class CacheIndex(IndexCore):
         arr = as_tokens(tokens)
         align = self._alignment(alignment)
         with self.lock:
-            m = self.tree.match(arr)
+            m = self.tree.match_tokens(arr)
             positions = self.admission.state_positions(self.tree, m, arr, align)
-            _, reach = kv_chain(m, self.max_kv_len, lambda k: not self.table.is_doomed(k),
+            doomed = self.table.unusable_sets()[1]
+            _, reach = kv_chain(m, self.max_kv_len, (lambda k: k not in doomed) if doomed else None,
                                 needs_kv=self.needs_kv)
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), branch_point(m, int(arr.size)), kv_from)

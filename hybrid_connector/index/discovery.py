@@ -61,7 +61,7 @@ def discover(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, tokens: np.n
     arr = as_tokens(tokens)
     stop = t0 + deadline_s
     with ix.lock:
-        m = ix.tree.match(arr)
+        m = ix.tree.match_tokens(arr)
         _, reach = kv_chain(m, ix.max_kv_len, ix.table.usable, needs_kv=ix.needs_kv)
     start_reach = pos = reach
     out = Effects()
@@ -106,7 +106,7 @@ def _probe_states(ix: IndexCore, reclaim: Reclaimer, shared: SharedView, arr: np
     KV reach (one batched existence check), unless this index has one as deep; what that
     leaves joins ``out``."""
     with ix.lock:
-        m = ix.tree.match(arr)
+        m = ix.tree.match_tokens(arr)
         have = max((n.depth for n in m.path if n.state is not None and ix.table.usable(n.state.key)),
                    default=0)
     hi = min(reach, arr.size - 1)

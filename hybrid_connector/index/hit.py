@@ -19,12 +19,35 @@ says which stored objects may be planned (ready, not lost).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from hybrid_connector.core.keys import ObjectKey
 from hybrid_connector.tree.radix import MatchResult, Node, ObjectRef
 
 Usable = Callable[[ObjectKey], bool]
+
+
+class UsableNow:
+    """``usable`` for a search now: neither in flight (pending) nor doomed, given the
+    index's live sets (``StateTable.unusable_sets``, read under its lock). Remembers
+    whether the search asked about an in-flight key that is not doomed
+    (``met_pending``): only then can a search that counts in-flight objects as landed
+    (``once_landed``) find more; else it would retrace this one, call for call."""
+
+    __slots__ = ("in_flight", "lost", "met_pending")
+
+    def __init__(self, in_flight: AbstractSet[ObjectKey], doomed: AbstractSet[ObjectKey]) -> None:
+        self.in_flight, self.lost, self.met_pending = in_flight, doomed, False
+
+    def __call__(self, key: ObjectKey) -> bool:
+        if key in self.in_flight:
+            self.met_pending = self.met_pending or key not in self.lost
+            return False
+        return key not in self.lost
+
+    def once_landed(self, key: ObjectKey) -> bool:
+        return key not in self.lost
 
 
 @dataclass(frozen=True)
@@ -53,25 +76,32 @@ def kv_candidates(m: MatchResult, max_kv_len: int) -> list[Node]:
     return nodes
 
 
-def kv_chain(m: MatchResult, max_kv_len: int, usable: Usable, *,
+def kv_chain(m: MatchResult, max_kv_len: int, usable: Usable | None, *,
              needs_kv: bool = True) -> tuple[list[ObjectRef], int]:
     """Usable KV chunks covering ``[0, reach)`` from 0 (the longest chunk per start), and
     ``reach`` capped at the match length. A model without attention layers (``needs_kv``
-    False: a pure state-space LM) needs no KV: no chunks, and the reach is the match."""
+    False: a pure state-space LM) needs no KV: no chunks, and the reach is the match.
+    ``usable`` None: every chunk is usable. ``usable`` is asked only of chunks that would
+    be taken (start before the match, longer than the best usable one with that start)."""
     matched = m.length
     if not needs_kv:
         return [], matched
     by_start: dict[int, ObjectRef] = {}
     for node in kv_candidates(m, max_kv_len):
-        for end, ref in node.kv.items():
-            if (ref.start < matched and usable(ref.key)
-                    and (ref.start not in by_start or by_start[ref.start].end < end)):
-                by_start[ref.start] = ref
-    chain, reach = [], 0
-    while reach < matched and reach in by_start:
-        ref = by_start[reach]
-        chain.append(ref)
-        reach = ref.end
+        for ref in node.kv.values():
+            start = ref.start
+            if start < matched:
+                old = by_start.get(start)
+                if (old is None or old.end < ref.end) and (usable is None or usable(ref.key)):
+                    by_start[start] = ref
+    chain: list[ObjectRef] = []
+    reach = 0
+    while reach < matched:
+        nxt = by_start.get(reach)
+        if nxt is None:
+            break
+        chain.append(nxt)
+        reach = nxt.end
     return chain, min(reach, matched)
 
 
@@ -79,8 +109,8 @@ def best_state(path: Sequence[Node], limit: int, align: int, usable: Usable) -> 
     """Deepest node of ``path`` with a usable checkpoint at an aligned depth <= limit."""
     best: Node | None = None
     for node in path:
-        if (node.state is not None and usable(node.state.key) and node.depth <= limit
-                and node.depth % align == 0 and (best is None or node.depth > best.depth)):
+        if (node.state is not None and node.depth <= limit and node.depth % align == 0
+                and (best is None or node.depth > best.depth) and usable(node.state.key)):
             best = node
     return best
 

@@ -157,7 +157,7 @@ class Saver:
             hint = ix.tree.node(start[0]) if start else None
             if hint is not None and start is not None and (hint.depth != start[1] or hint.depth > top):
                 hint = None  # gone, merged into another node, or past this save
-            leaf = ix.tree.insert(arr[:top], start=hint)
+            leaf = ix.tree.insert_tokens(arr[:top], start=hint)
             ix.tree.lock_kv(leaf)  # keep the path alive while we evict for room
             try:
                 cand = {i: ObjectKey(ix.fingerprint, hasher.at(specs[i].end), specs[i].kind,
@@ -322,7 +322,7 @@ class Saver:
         if arr.size == 0:
             return Effects()
         with ix.lock:
-            m = ix.tree.match(arr)
+            m = ix.tree.match_tokens(arr)
             out = self.reclaim.prune_upward(m.node)
             if plen:
                 ix.eviction.on_request(arr, plen)

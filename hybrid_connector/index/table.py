@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -106,6 +107,15 @@ class StateTable:
 
     def is_doomed(self, key: ObjectKey) -> bool:
         return key in self._doomed
+
+    @property
+    def has_doomed(self) -> bool:
+        return bool(self._doomed)
+
+    def unusable_sets(self) -> tuple[AbstractSet[ObjectKey], AbstractSet[ObjectKey]]:
+        """(pending keys, doomed keys) as live read-only views, for a search that tests
+        many keys under the index's lock (``usable`` is ``k not in either``)."""
+        return self._pending, self._doomed
 
     def doomed_keys(self) -> frozenset[ObjectKey]:
         return frozenset(self._doomed)

@@ -7,7 +7,7 @@ fields mean and the invariants the tree keeps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -21,38 +21,40 @@ class IntegrityError(AssertionError):
 
 @dataclass(frozen=True, slots=True)
 class ObjectRef:
-    """A stored object as the index sees it: its key and its size in bytes."""
+    """A stored object as the index sees it: its key and its size in bytes. ``kind``,
+    ``start`` and ``end`` are the key's, copied once (the hit search reads them per ref)."""
 
     key: ObjectKey
     nbytes: int
+    kind: ObjectKind = field(init=False, repr=False, compare=False)
+    start: int = field(init=False, repr=False, compare=False)
+    end: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def kind(self) -> ObjectKind:
-        return self.key.kind
-
-    @property
-    def start(self) -> int:
-        return self.key.start
-
-    @property
-    def end(self) -> int:
-        return self.key.end
+    def __post_init__(self) -> None:
+        key = self.key
+        object.__setattr__(self, "kind", key.kind)
+        object.__setattr__(self, "start", key.start)
+        object.__setattr__(self, "end", key.end)
 
 
 class Node:
-    """One radix node. Mutate only through ``RadixTree`` methods."""
+    """One radix node. Mutate only through ``RadixTree`` methods.
+
+    ``tokens`` (the edge, int64) comes with two values derived from it when it is set:
+    ``edge_bytes`` (its bytes, so a match compares an edge with one ``bytes`` comparison
+    instead of numpy calls) and ``start``; ``depth`` never changes once the node exists."""
 
     __slots__ = (
-        "id", "parent", "children", "tokens", "depth", "kv", "state", "anchors",
-        "kv_lock", "kv_lock_own", "state_lock", "anchor_lock", "last_access", "hits",
+        "id", "parent", "children", "_tokens", "edge_bytes", "start", "depth", "kv", "state",
+        "anchors", "kv_lock", "kv_lock_own", "state_lock", "anchor_lock", "last_access", "hits",
     )
 
     def __init__(self, node_id: int, parent: Node | None, tokens: np.ndarray, depth: int) -> None:
         self.id = node_id
         self.parent = parent
         self.children: dict[int, Node] = {}
-        self.tokens = tokens
         self.depth = depth
+        self.tokens = tokens
         self.kv: dict[int, ObjectRef] = {}
         self.state: ObjectRef | None = None
         self.anchors: dict[int, ObjectRef] = {}
@@ -64,9 +66,15 @@ class Node:
         self.hits = 0
 
     @property
-    def start(self) -> int:
-        """Token position where this node's edge begins."""
-        return self.depth - int(self.tokens.size)
+    def tokens(self) -> np.ndarray:
+        """The edge: the tokens from ``start`` (where the edge begins) to ``depth``."""
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, tokens: np.ndarray) -> None:
+        self._tokens = tokens
+        self.edge_bytes = tokens.tobytes()
+        self.start = self.depth - int(tokens.size)
 
     @property
     def is_leaf(self) -> bool:

@@ -73,24 +73,33 @@ class RadixTree:
         path never changes while it lives): the walk begins there, so a request extending
         its own last save does not walk its whole prefix again, and ``path`` lists only the
         nodes below ``start``."""
-        arr = as_tokens(tokens)
+        return self.match_tokens(as_tokens(tokens), start)
+
+    def match_tokens(self, arr: np.ndarray, start: Node | None = None) -> MatchResult:
+        """``match`` of tokens already checked by ``as_tokens`` (the index checks a query
+        once, then walks with it)."""
         node = self.root if start is None else start
         pos = node.depth
-        if pos > arr.size:
-            raise ValueError(f"start node at depth {pos} lies past the {arr.size} tokens")
+        size = int(arr.size)
+        if pos > size:
+            raise ValueError(f"start node at depth {pos} lies past the {size} tokens")
         path: list[Node] = []
-        while pos < arr.size:
+        if pos == size:
+            return MatchResult(pos, node, (), None, None)
+        raw = arr.tobytes()  # one copy; each edge is then one bytes comparison (8 per token)
+        while pos < size:
             child = node.children.get(int(arr[pos]))
             if child is None:
                 break
-            edge = child.tokens
-            n = min(edge.size, arr.size - pos)
-            same = edge[:n] == arr[pos : pos + n]
-            k = n if bool(same.all()) else int(np.argmin(same))
-            if k < edge.size:
-                # Stopped inside the edge: inserting the query would split here.
+            edge = child.edge_bytes
+            if edge != raw[8 * pos : 8 * pos + len(edge)]:
+                # Stopped inside the edge (or the query ends inside it): inserting the query
+                # would split here.
+                n = min(len(edge) // 8, size - pos)
+                same = child.tokens[:n] == arr[pos : pos + n]
+                k = n if bool(same.all()) else int(np.argmin(same))
                 return MatchResult(pos + k, node, tuple(path), child, pos + k if k else None)
-            pos += k
+            pos += len(edge) // 8
             node = child
             path.append(child)
         return MatchResult(pos, node, tuple(path), None, None)
@@ -154,8 +163,11 @@ class RadixTree:
         Splits at most one edge and adds at most one leaf. Existing nodes stay valid.
         Inserting the empty sequence returns the root.
         """
-        arr = as_tokens(tokens)
-        m = self.match(arr, start)
+        return self.insert_tokens(as_tokens(tokens), start)
+
+    def insert_tokens(self, arr: np.ndarray, start: Node | None = None) -> Node:
+        """``insert`` of tokens already checked by ``as_tokens``."""
+        m = self.match_tokens(arr, start)
         node = m.node
         if m.partial is not None and m.length > m.partial.start:
             node = self.split(m.partial, m.length)
@@ -170,18 +182,20 @@ class RadixTree:
         caller never materialises the prefix. Returns the node ending there."""
         arr = as_tokens(tail)
         base, cur, i = node.depth, node, 0
-        while i < arr.size:
+        size = int(arr.size)
+        raw = arr.tobytes() if size else b""
+        while i < size:
             child = cur.children.get(int(arr[i]))
             if child is None:
                 break
-            edge = child.tokens
-            n = min(edge.size, arr.size - i)
-            same = edge[:n] == arr[i : i + n]
-            k = n if bool(same.all()) else int(np.argmin(same))
-            if k < edge.size:
+            edge = child.edge_bytes
+            if edge != raw[8 * i : 8 * i + len(edge)]:
+                n = min(len(edge) // 8, size - i)
+                same = child.tokens[:n] == arr[i : i + n]
+                k = n if bool(same.all()) else int(np.argmin(same))
                 cur, i = self.split(child, base + i + k), i + k
                 break
-            cur, i = child, i + k
+            cur, i = child, i + len(edge) // 8
         if i < arr.size:
             leaf = self._new_node(cur, arr[i:].copy(), base + int(arr.size))
             cur.children[int(arr[i])] = leaf
@@ -354,6 +368,8 @@ class RadixTree:
                     raise IntegrityError(f"{n} not reachable from its parent by its first token")
                 if n.depth != parent.depth + n.tokens.size:
                     fail(f"{n} depth mismatch")
+            if n.edge_bytes != n.tokens.tobytes() or n.start != n.depth - n.tokens.size:
+                fail(f"{n} edge bytes or start out of step with its tokens")
             for slot, kind in ((n.kv, ObjectKind.KV), (n.anchors, ObjectKind.ANCHOR)):
                 for end, ref in slot.items():
                     if ref.end != end or ref.kind is not kind or not n.start < end <= n.depth:

@@ -8,8 +8,8 @@ a saved end-of-request state (below), below the request's token count
 the state lands in its block before ``preprocess_mamba`` copies it to the running block.
 Saves (``saves_for``): KV chunks on the ``chunk_size`` grid (cut at kept checkpoints) as
 their tokens are computed, and states only at the boundaries vLLM offers
-(``boundary_state_offloads``, exact block ids), of which admission keeps the branch points
-it wants and the last boundary of the prompt. The workers copy both out of the blocks in
+(``boundary_state_offloads``, exact block ids), of which few are kept (``checkpoints``:
+admission's positions, the prompt's last boundary). The workers copy both out of the blocks in
 ``wait_for_save`` of the same step, so vLLM never has to hold blocks for a save, except for
 one: the exact end-of-request state (``finish_tail``, Marconi's input+output checkpoint).
 When a request of a recurrent model finishes at a position N inside a block, its state at N
@@ -37,6 +37,7 @@ from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.index.plan import LoadPlan, ObjectSpec
+from hybrid_connector.integrations.vllm.checkpoints import never_wanted, wanted_states
 from hybrid_connector.integrations.vllm.junctions import offer_junction
 from hybrid_connector.integrations.vllm.meta import (
     Held,
@@ -198,16 +199,19 @@ class SchedulerSide:
 
     # ---------------------------------------------------------------- saves
     def _admitted_states(self, rec: Tracked, toks: np.ndarray, upto: int, cap: int) -> list[int]:
-        """Offered boundaries (every recurrent group's block known) up to ``upto`` that
-        admission wants (or the last boundary of ``cap``) and that are not saved yet."""
+        """Offered boundaries (every recurrent group's block known) up to ``upto`` that are
+        not saved yet and worth a state (``checkpoints.wanted_states``); offers no later
+        step can want are closed."""
         n_groups = len(self._recurrent)
         full = [q for q in rec.open_offers if 0 < q <= upto and len(rec.offers[q]) == n_groups]
         if not full:
             return []
-        last = cap - cap % self.bs
-        want = set(self.index.plan_saves(toks[:cap], alignment=self.bs).state_positions)
-        want.add(last)
-        return sorted(q for q in full if q in want)
+        prompt, answers = rec.request.num_prompt_tokens, self.config.save_decode_cache
+        want = wanted_states(self.index, toks, cap, prompt, self.bs, answers, full) \
+            if min(full) <= prompt else set()  # every wanted position lies in the prompt
+        got = sorted(q for q in full if q in want)
+        rec.open_offers.difference_update(never_wanted(full, upto, prompt, answers))
+        return got
 
     def saves_for(self, request: Any, end: int,
                   block_ids: Callable[[], Sequence[Sequence[int]] | None]) -> SaveJob | None:
@@ -275,9 +279,9 @@ class SchedulerSide:
         """Queue the save of the exact end-of-request state (module docstring) and the KV
         below it; True when one was queued (vLLM must keep the blocks until the workers
         report the request in ``finished_sending``). Nothing for a model without recurrent
-        groups, a request with tokens in flight or preempted to zero, a tail on a block
-        boundary (vLLM offers those) or already saved, and generated tokens unless
-        ``save_decode_cache``."""
+        groups, a request with tokens in flight or preempted to zero, a tail already saved (a
+        boundary offer), and generated tokens unless ``save_decode_cache``. A tail on a
+        block boundary sits in that boundary's block, the same ``(N - 1) // block_size``."""
         rec = self._progress.get(request.request_id)
         if rec is None:
             return False
@@ -286,8 +290,6 @@ class SchedulerSide:
         cap = n if self.config.save_decode_cache else min(n, request.num_prompt_tokens)
         if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
                 or n in rec.states_saved):
-            return False
-        if vllm_blocks is None and n % self.bs == 0:
             return False
         idx = (n - 1) // self.bs
         blocks = vllm_blocks or {g: block_ids[g][idx] for g in self.groups.recurrent_groups

@@ -1,0 +1,59 @@
+"""Which of the state boundaries vLLM offers the connector saves (``SchedulerSide.saves_for``).
+
+vLLM offers the state at every retained block boundary it computes
+(``boundary_state_offloads``); one state costs the host bytes of the KV of
+``state_bytes / kv_bytes_per_token`` tokens (94 at Qwen3.5's geometry), so few are kept:
+
+* admission's positions (Marconi's branch points, placement slots) over the prompt;
+* without ``save_decode_cache`` (prompts stored only): also the last boundary of the
+  computed prompt tokens, the deepest state a later turn can hit;
+* with ``save_decode_cache`` (answers stored too): the exact end-of-request state
+  (``SchedulerSide.finish_tail``) is what the next turn hits, so no boundary of generated
+  tokens is forced (each would be superseded by the tail less than a block later), and
+  admission is asked about the prompt only (asked about the answer, placement slots landed
+  in every answer, at depths other sessions merely shared). The prompt's last boundary is
+  kept only when it lies at least a block past the deepest hit the index gives there
+  already (the first request of a shared prefix, a long new user message): after a stored
+  answer that hit is the previous turn's tail, a few tokens short of it.
+
+Measured in the head-to-head (chat trace, 2x host budget): forced answer boundaries, the
+prompt's last boundary after a stored answer and placement slots in answers made 43% of
+the states saved; without them the host tier keeps more sessions (token hit rate 0.801 ->
+0.833).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybrid_connector.index.cache_index import CacheIndex
+
+
+def wanted_states(index: CacheIndex, toks: np.ndarray, cap: int, prompt: int, block: int,
+                  answers: bool, offered: list[int]) -> set[int]:
+    """The positions among ``offered`` (block boundaries up to the computed tokens) worth a
+    state, for a request whose first ``cap`` tokens may be saved (``cap`` <= ``prompt``
+    unless ``answers``: ``save_decode_cache``), its ``prompt`` tokens long; ``toks``: its
+    tokens so far. Asks the index (no side effects on it), see the module docstring."""
+    if not answers:
+        want = set(index.plan_saves(toks[:cap], alignment=block).state_positions)
+        want.add(cap - cap % block)
+        return want
+    p = min(cap, prompt)
+    want = set(index.plan_saves(toks[:p], alignment=block).state_positions)
+    last = p - p % block
+    if last in offered and last not in want:
+        plan = index.lookup(toks[:last + 1], alignment=1, replay=False)
+        if last - max(plan.num_tokens, plan.pending_tokens) >= block:
+            want.add(last)
+    return want
+
+
+def never_wanted(offered: list[int], upto: int, prompt: int, answers: bool) -> list[int]:
+    """Offers that no later step can want, once the first ``upto`` tokens are computed:
+    boundaries of generated tokens (every position wanted lies inside the prompt), and with
+    ``answers`` every offer once the prompt is computed (what is wanted no longer changes
+    with the request's own tokens). Dropping them spares each decode step the index walk."""
+    if answers and upto >= prompt:
+        return list(offered)
+    return [q for q in offered if q > prompt]

@@ -1,0 +1,101 @@
+"""Stored answers through vLLM 0.33.0's own Scheduler: with ``save_decode_cache`` (what
+``configs/vllm*.yaml`` ship) a request leaves its KV and its exact end-of-request state, and nothing more for
+its generated tokens; the next turn hits at that end, byte-exact.
+
+A state costs the host bytes of the KV of ~94 tokens at Qwen3.5's geometry, so the states
+kept per request decide how many sessions a host budget holds (``checkpoints``): a boundary
+of generated tokens is superseded by the exact tail less than a block later, and after a
+stored answer the prompt's last boundary is a few tokens past the previous turn's tail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+YAML = """chunk_size: 64
+hash_block_size: 32
+alignment: 32
+pools:
+  host: {kv: 4MB, state: 2MB}
+replay: false
+"""
+PROMPT = 150
+
+
+def _engine(root: Path) -> tuple[Any, Any, h.Runner]:
+    y = root / "answers.yaml"
+    y.write_text(YAML + "save_decode_cache: true\n")
+    # dense retention: vLLM offers the state at every block boundary it computes, the
+    # generated tokens' boundaries included
+    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=None)
+    cfg = s.kv_cache_config(vc, num_blocks=8)
+    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
+    return h.make_scheduler(vc, cfg), worker, h.Runner(cfg, worker)
+
+
+def _states(sched: Any) -> int:
+    return int(sched.connector.sched.stats.saved_objects.get("state", 0))
+
+
+@pytest.mark.parametrize("out", [70, 43])
+def test_an_answer_leaves_one_state_at_its_exact_end_and_the_next_turn_hits_there(
+        tmp_path: Path, out: int) -> None:
+    """Turn 1 (150 prompt tokens, ``out`` generated) ends at 150 + out - 1: 219 inside a
+    block, or 192 on a boundary. vLLM offers the boundaries 160 and 192 of its generated
+    tokens; only the prompt's last boundary (128: nothing stored before it) and the exact
+    end are saved. Turn 2 (turn 1 + its answer + 3 tokens) hits at that end, and saves
+    only its own end: its prompt's last boundary (192 or 160) lies below the hit."""
+    end = PROMPT + out - 1
+    sched, worker, runner = _engine(tmp_path)
+    try:
+        turn1 = np.random.default_rng(9).integers(0, 128, PROMPT).tolist()
+        ans = h.run(sched, runner, [h.make_request("t1", turn1, out)])["t1"]
+        turn2 = turn1 + ans + [5, 6, 7]
+        assert h.settle(sched, runner, turn2) == end
+        assert _states(sched) == 2  # 128 and the end (was 4 with 160 and 192)
+        assert sched.reset_prefix_cache()  # the device cache forgot the first turn
+        before = runner.computed_tokens
+        h.run(sched, runner, [h.make_request("t2", turn2, 4)])
+        h.settle(sched, runner, turn2 + [1])
+    finally:
+        worker.shutdown()
+    st = sched.connector.sched.stats
+    assert runner.bad == [], runner.bad[:3]  # KV of [0, end) and the state at end, exact
+    assert st.hits == 1 and st.failed_loads == 0
+    assert st.hit_tokens == end
+    assert runner.computed_tokens - before == len(turn2) - end + 3
+    assert _states(sched) == 3  # turn 2 added its exact end only
+    assert not sched.requests  # the held blocks were released
+
+
+def test_prompts_only_keeps_the_last_prompt_boundary(tmp_path: Path) -> None:
+    """``save_decode_cache: false``: no KV or state of generated tokens; the next turn hits
+    at the prompt's last boundary."""
+    y = tmp_path / "prompts.yaml"
+    y.write_text(YAML + "save_decode_cache: false\n")
+    vc = s.vllm_config(s.tiny_nemotron_h(tmp_path), y, retention=None)
+    cfg = s.kv_cache_config(vc, num_blocks=8)
+    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
+    sched, runner = h.make_scheduler(vc, cfg), h.Runner(cfg, worker)
+    try:
+        turn1 = np.random.default_rng(9).integers(0, 128, PROMPT).tolist()
+        ans = h.run(sched, runner, [h.make_request("t1", turn1, 70)])["t1"]
+        turn2 = turn1 + ans + [5, 6, 7]
+        h.settle(sched, runner, turn2)
+        assert _states(sched) == 1  # 128
+        assert sched.reset_prefix_cache()
+        h.run(sched, runner, [h.make_request("t2", turn2, 4)])
+    finally:
+        worker.shutdown()
+    st = sched.connector.sched.stats
+    assert runner.bad == [] and st.hits == 1 and st.hit_tokens == 128

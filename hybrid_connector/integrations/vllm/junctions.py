@@ -7,16 +7,17 @@ inside one long chunk never gets a state and is never offered to a connector
 which it sets from its device prefix cache alone (``get_computed_blocks``) just before it
 asks the connector for its hit (``get_num_new_matched_tokens``), and keeps until the chunk
 is split (it is reset only by a new lookup, or when a divergent local hit with no external
-tokens is reconciled). The index knows branch points the device cache has forgotten: a request whose tokens follow
-a stored path and leave it at J (the radix match of the connector's own lookup,
-``LoadPlan.matched_tokens``), past every state stored on that path, is a sibling of the
-request that stored it, and the state at J is where the next sibling would resume. Setting
+tokens is reconciled). The index knows branch points the device cache has forgotten: a
+request whose tokens follow a stored path and leave it at J (the radix match of the
+connector's own lookup, ``LoadPlan.matched_tokens``), past every state stored on that path,
+is a sibling of the request that stored it, and the state at J is where the next sibling
+would resume. Setting
 the junction to J from the connector's hit query makes vLLM end the chunk at J, retain that
 block under sparse retention and offer its state; admission keeps it (the last boundary of
 the step's computed tokens is always kept). Only the divergence point itself: positions an
-admission policy merely speculates on (placement slots) are no junctions -- forcing chunk
-stops there cost vLLM's own device cache hits in the head-to-head (multiround_qa 12x3:
-2,304 -> 2,016 hit tokens).
+admission policy merely speculates on (placement slots) are no junctions: forcing chunk
+stops there cost vLLM's own device cache more hits than the states won (multiround_qa, 12
+conversations of 3 rounds: 2,304 -> 2,016 hit tokens).
 """
 
 from __future__ import annotations

@@ -22,7 +22,9 @@ side (``OffloadingConnectorScheduler`` + ``CPUOffloadingManager``) runs for real
 worker is replaced by a stand-in that reports every load and store job done in the step it
 was issued (what a fast GPU copy would report). Figures are per step: mean, p50, p99, and the
 ratio to the no-connector run of the same invocation. Time is the engine-core thread's CPU time
-(``--wall``: wall time), so other processes on a shared machine do not count; the connectors'
+(``--wall``: wall time), so other processes on a shared machine do not count; the heap
+is frozen before each run as vLLM's ``EngineCore`` freezes it once started
+(``freeze_gc_heap``), so garbage collection scans what the run allocates; the connectors'
 own threads (HybridConnector's tier I/O) are not on it either. ``--repeat`` rounds run the connectors
 in turn and each one's run with the lowest mean is kept (a busy machine only adds time).
 ``--profile`` prints cProfile's top functions for HybridConnector's scheduler side.
@@ -139,6 +141,8 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
         profile: cProfile.Profile | None = None, cpu: bool = True) -> dict[str, Any]:
     """Serve ``reqs`` through vLLM's scheduler; the per-step times of its two calls (CPU
     time of the engine-core thread, or wall time with ``cpu`` False)."""
+    from vllm.utils.gc_utils import freeze_gc_heap
+
     sched = h.make_scheduler(vc, cfg)
     worker = None
     if name in HYBRID:
@@ -153,7 +157,10 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     prompt_tokens = sum(len(p) for p, _ in reqs)
     times: list[int] = []
     clock = time.thread_time_ns if cpu else time.perf_counter_ns
-    gc.collect()
+    # as vLLM's EngineCore does once started: the heap built so far (vLLM, torch, the
+    # model config) is frozen, so an oldest-generation collection during the run scans
+    # only what the run allocates, not every object of the process
+    freeze_gc_heap()
     for _ in range(200_000):
         while pending and len(sched.running) + len(sched.waiting) < concurrency:
             sched.add_request(pending.pop())
@@ -179,6 +186,7 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
         times.append(t1 - t0 + t3 - t2)
     else:
         raise AssertionError("scheduler did not finish")
+    gc.unfreeze()  # as vLLM does at shutdown: the next run starts from a collectable heap
     external = None
     if name in HYBRID:
         external = sched.connector.sched.stats.hit_tokens

@@ -181,7 +181,9 @@ class SchedulerSide:
         lease = self.index.acquire(plan) if plan.num_tokens == end else None
         self.index.record_lookup(plan)
         job = next(self._jobs)
-        objs = plan.objects if lease is not None else ()
+        # only what vLLM lacks is read: KV chunks wholly below its local hit are skipped
+        objs = tuple(o for o in (plan.objects if lease is not None else ())
+                     if o.ref.key.kind is not ObjectKind.KV or o.ref.key.end > local)
         self._loads.append(LoadJob(
             request.request_id, job, local, end, tuple(o.ref.key for o in objs),
             tuple(o.tier for o in objs), tuple(o.ref.nbytes for o in objs), block_ids))

@@ -1,0 +1,65 @@
+"""A load reads only what vLLM lacks, through vLLM 0.33.0's own Scheduler: when vLLM's
+device cache still holds a prefix of the hit (its local hit), the KV chunks wholly below
+it are not read from the host tier (on a GPU each read is a host-to-device copy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+from hybrid_connector.core.keys import ObjectKind  # noqa: E402
+
+YAML = """chunk_size: 64
+hash_block_size: 32
+alignment: 32
+pools:
+  host: {kv: 4MB, state: 2MB}
+replay: false
+save_decode_cache: true
+"""
+
+
+def test_kv_chunks_below_vllms_local_hit_are_not_read(tmp_path: Path) -> None:
+    """Turn 1 (150 + 70 tokens) is stored up to its exact end, 219; vLLM's device cache
+    keeps its blocks, so turn 2's local hit is 192 (its last retained boundary) and the
+    connector's hit 219: the load reads the chunk over [192, 219) and the state at 219,
+    not the chunks of [0, 192)."""
+    y = tmp_path / "c.yaml"
+    y.write_text(YAML)
+    vc = s.vllm_config(s.tiny_nemotron_h(tmp_path), y, retention=None)
+    cfg = s.kv_cache_config(vc, num_blocks=32)
+    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
+    sched, runner = h.make_scheduler(vc, cfg), h.Runner(cfg, worker)
+    read: list[Any] = []
+    rank = worker.worker.worker
+    real_load = rank.load
+
+    def load(plan_id: int, keys: Any, tiers: Any, sizes: Any) -> Any:
+        read.extend(keys)
+        return real_load(plan_id, keys, tiers, sizes)
+
+    rank.load = load
+    try:
+        turn1 = np.random.default_rng(9).integers(0, 128, 150).tolist()
+        ans = h.run(sched, runner, [h.make_request("t1", turn1, 70)])["t1"]
+        turn2 = turn1 + ans + [5, 6, 7]
+        assert h.settle(sched, runner, turn2) == 219
+        h.run(sched, runner, [h.make_request("t2", turn2, 4)])
+    finally:
+        worker.shutdown()
+    st = sched.connector.sched.stats
+    assert runner.bad == [], runner.bad[:3]  # the hit is still byte-exact
+    assert st.hits == 1 and st.hit_tokens == 219 and st.loaded_tokens == 219 - 192
+    kv = sorted((k.start, k.end) for k in read if k.kind is ObjectKind.KV)
+    assert kv and all(e > 192 for _, e in kv), kv  # nothing wholly below the local hit
+    assert [k.end for k in read if k.kind is ObjectKind.STATE] == [219]

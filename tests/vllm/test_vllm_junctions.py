@@ -7,7 +7,10 @@ so only the index knows the branch; the harness byte-checks every restored KV an
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,11 +99,33 @@ def test_junction_rule(matched: int, hit: int, engine: int, want: int) -> None:
                               block=32) == want
 
 
-def test_offer_junction_keeps_a_deeper_vllm_junction() -> None:
-    class Req:
-        num_prompt_tokens, shared_prefix_boundary = 400, 192
+def _index(length: int, partial: bool, children: int) -> Any:
+    m = SimpleNamespace(length=length, partial=object() if partial else None,
+                        node=SimpleNamespace(children=dict.fromkeys(range(children))))
+    return SimpleNamespace(lock=threading.RLock(), tree=SimpleNamespace(match=lambda t: m))
 
-    r = Req()
-    assert junctions.offer_junction(r, 150, 0, 32) == 0 and r.shared_prefix_boundary == 192
+
+def _plan(matched: int, hit: int = 0) -> Any:
+    return SimpleNamespace(matched_tokens=matched, num_tokens=hit)
+
+
+def test_offer_junction_keeps_a_deeper_vllm_junction() -> None:
+    r = SimpleNamespace(num_prompt_tokens=400, shared_prefix_boundary=192)
+    toks = np.arange(400)
+    assert junctions.offer_junction(_index(150, True, 0), r, toks, _plan(150), 0, 32) == 0
+    assert r.shared_prefix_boundary == 192
     r.shared_prefix_boundary = 64
-    assert junctions.offer_junction(r, 150, 0, 32) == 128 and r.shared_prefix_boundary == 128
+    assert junctions.offer_junction(_index(150, True, 0), r, toks, _plan(150), 0, 32) == 128
+    assert r.shared_prefix_boundary == 128
+
+
+@pytest.mark.parametrize("partial, children, want", [
+    (True, 0, 128),   # leaves a stored path inside an edge: a branch
+    (False, 2, 128),  # at a node other paths go on from: a branch
+    (False, 0, 0),    # extends a leaf: a continuation past where the saves stop
+])
+def test_only_a_branch_is_a_junction(partial: bool, children: int, want: int) -> None:
+    r = SimpleNamespace(num_prompt_tokens=400, shared_prefix_boundary=0)
+    idx = _index(150, partial, children)
+    assert junctions.offer_junction(idx, r, np.arange(400), _plan(150, 64), 32, 32) == want
+    assert r.shared_prefix_boundary == want

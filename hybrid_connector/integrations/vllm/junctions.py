@@ -24,6 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from hybrid_connector.index.cache_index import CacheIndex
+from hybrid_connector.index.plan import LoadPlan
+
 
 def junction(matched: int, *, hit: int, engine_junction: int, prompt_len: int,
              block: int) -> int:
@@ -42,14 +47,33 @@ def junction(matched: int, *, hit: int, engine_junction: int, prompt_len: int,
     return j if j > max(hit, engine_junction) else 0
 
 
-def offer_junction(request: Any, matched: int, hit: int, block: int) -> int:
-    """Set ``request.shared_prefix_boundary`` (vLLM's ``Request``) to :func:`junction` when
-    that is deeper than vLLM's own; returns the junction set, 0 when vLLM's is kept. Call it
-    from ``get_num_new_matched_tokens`` (after vLLM's lookup set its own, before the split)
-    with the radix match of the connector's lookup (no second walk of the tree)."""
+def branch_at(index: CacheIndex, tokens: np.ndarray) -> int:
+    """Where ``tokens`` leave the index's stored paths when that is a branch: the radix
+    match stops inside an edge or at a node with children (stored paths go on there by
+    other tokens); 0 when the tokens extend a leaf (they continue a stored path past where
+    its saves stop: no sibling diverged there) or match nothing. ``LoadPlan`` carries the
+    match length but not which of the two it is, hence a second walk (rare: only when the
+    match lies past the hit)."""
+    with index.lock:
+        m = index.tree.match(tokens)
+        return m.length if m.partial is not None or m.node.children else 0
+
+
+def offer_junction(index: CacheIndex, request: Any, tokens: np.ndarray, plan: LoadPlan,
+                   num_computed: int, block: int) -> int:
+    """Set ``request.shared_prefix_boundary`` (vLLM's ``Request``) to :func:`junction` at
+    the request's branch from the stored paths (:func:`branch_at`) when that is deeper than
+    vLLM's own; returns the junction set, 0 when vLLM's is kept. Call it from
+    ``get_num_new_matched_tokens`` (after vLLM's lookup set its own, before the split) with
+    the connector's ``plan`` for ``tokens`` and vLLM's local hit ``num_computed``."""
     own = int(getattr(request, "shared_prefix_boundary", 0) or 0)
-    j = junction(int(matched), hit=int(hit), engine_junction=own,
-                 prompt_len=int(request.num_prompt_tokens), block=block)
+    n = int(request.num_prompt_tokens)
+    hit = max(int(num_computed), plan.num_tokens)
+    if not junction(plan.matched_tokens, hit=hit, engine_junction=own, prompt_len=n,
+                    block=block):
+        return 0  # the cheap test first: most requests hit where they leave the paths
+    j = junction(branch_at(index, tokens[:n]), hit=hit, engine_junction=own, prompt_len=n,
+                 block=block)
     if j:
         request.shared_prefix_boundary = j
     return j

@@ -158,7 +158,7 @@ class SchedulerSide:
                                 alignment=self.bs)
         plan = self.index.lookup(toks, alignment=self.hit_align, replay=False)
         if self.groups.recurrent:  # a branch point inside its first chunk (junctions.py)
-            offer_junction(request, plan.matched_tokens, max(num_computed, plan.num_tokens), self.bs)
+            offer_junction(self.index, request, toks, plan, num_computed, self.bs)
         if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
             return 0, False
         rec.plan, rec.plan_base = plan, num_computed

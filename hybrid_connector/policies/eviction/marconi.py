@@ -49,6 +49,7 @@ from hybrid_connector.policies.eviction.marconi_terms import (
     structural_key,
     utility,
 )
+from hybrid_connector.policies.eviction.marconi_victims import VictimRules, first_kind
 from hybrid_connector.policies.tuning.base import Tuner
 from hybrid_connector.policies.tuning.marconi_mixin import TunedSetting, TunerFactory
 from hybrid_connector.tree.radix import Node, RadixTree
@@ -72,7 +73,7 @@ class _Entry:
         self.keys: dict[ObjectKind, tuple[float, float]] = {}  # kind -> (last, eff) indexed
 
 
-class MarconiEviction(TunedSetting, EvictionPolicy):
+class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
     """Marconi's FLOP-aware eviction with an incremental candidate index.
 
     ``accounting``: built from the geometry at ``bind`` (default ``CorrectedAccounting``).
@@ -92,6 +93,7 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         tuner_factory: TunerFactory | None = None,
         joint_pool: bool = False,
         score: str = "sum",
+        scan_resistant: bool = False,
     ) -> None:
         if alpha is not None and alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
@@ -103,6 +105,7 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         self._accounting_factory = accounting
         self.refresh_path = refresh_path
         self.joint_pool = joint_pool
+        self.scan_resistant = scan_resistant
         self.tuner: Tuner | None = None
         self._tuner_factory = tuner_factory
         self._prelog: deque[tuple[np.ndarray, int]] = deque(maxlen=PRELOG)
@@ -123,6 +126,7 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         self._seen_id = 1
         self._now = 0.0
         self._requests = 0
+        self._bind_rules(evictable)
 
     # -------------------------------------------------------------------- hooks
     def on_access(self, path: Sequence[Node], now: float) -> None:
@@ -132,11 +136,16 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         for node in touched:
             node.last_access = now
             self._refresh(node)
+        if path:
+            self.guard.used(path[-1])
+            self._dirty.add(path[-1].id)  # a hit counts ``hits`` after this call returns
 
     def on_change(self, node: Node) -> None:
         self._dirty.add(node.id)
 
     def on_remove(self, node_id: int) -> None:
+        self._stranded.discard(node_id)
+        self.guard.removed(node_id)
         entry = self._entries.pop(node_id, None)
         if entry is None:
             return
@@ -149,8 +158,14 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         self._sync()
         if kind is not ObjectKind.ANCHOR:
             self._first_eviction()
-        victim = self._choose(kind)
+        victim = self._stranded_victim() if kind is ObjectKind.KV else None
+        if victim is None:
+            victim = self._choose_guarded(kind)
         if victim is not None:
+            if kind is ObjectKind.STATE and not victim.children:
+                self._stranded.add(victim.id)  # its KV serves no hit once the state is gone
+            if kind is ObjectKind.KV:
+                self.guard.evicting(victim)
             self.evictions += 1
             self._dirty.add(victim.id)
             if victim.parent is not None:
@@ -163,14 +178,18 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         first (the reference's single pool: a dead intermediate checkpoint competes with
         leaves, instead of leaving only when a state save overflows). Each kind's victim is
         its own minimum, compared jointly (exact for alpha 0; an approximation otherwise)."""
-        if not self.joint_pool or not {ObjectKind.KV, ObjectKind.STATE} <= set(kinds):
+        if not {ObjectKind.KV, ObjectKind.STATE} <= set(kinds):
             return kinds
         self._sync()
+        if self._stranded_victim() is not None:
+            return first_kind(ObjectKind.KV, kinds)  # bytes no hit can use go before any other
+        if not self.joint_pool:
+            return self._whole_leaf(kinds, kinds)
         best: dict[ObjectKind, tuple[float, float]] = {}
         t_ends: list[float] = []
         e_ends: list[float] = []
         for k in _RANKED:
-            node = self._choose(k)
+            node = self._choose_guarded(k)
             te, ee = self._evictable_ends(self._by_time[k], k), self._evictable_ends(self._by_eff[k], k)
             if node is None or te is None or ee is None or node.id not in self._entries:
                 continue
@@ -185,7 +204,7 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         u = {k: self._utility(recency(now, last), eff, rmin, rmax, emin, emax, self.alpha)
              for k, (last, eff) in best.items()}
         first = min(u, key=lambda k: (u[k], k is not kinds[0]))
-        return (first, *(k for k in kinds if k is not first))
+        return self._whole_leaf(first_kind(first, kinds), kinds)
 
     def _utility(self, r: float, e: float, rmin: float, rmax: float, emin: float, emax: float,
                  alpha: float) -> float:
@@ -279,15 +298,15 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
     def _sync(self) -> None:
         """Pick up nodes the tree created since the last sync, then refresh dirty ones."""
         next_id = self.tree.next_id  # see module docstring
-        for nid in range(self._seen_id, next_id):
-            node = self.tree.node(nid)
-            if node is None:
-                continue
-            node.last_access = max(node.last_access, self._now)
-            self._dirty.add(nid)
-            if node.parent is not None:
-                self._dirty.add(node.parent.id)
-            self._dirty_chain_below(node)
+        created = [n for n in map(self.tree.node, range(self._seen_id, next_id)) if n is not None]
+        if created:
+            self.guard.created(created, self._seen_id, self._now)
+        for new in created:
+            new.last_access = max(new.last_access, self._now)
+            self._dirty.add(new.id)
+            if new.parent is not None:
+                self._dirty.add(new.parent.id)
+            self._dirty_chain_below(new)
         self._seen_id = max(self._seen_id, next_id)
         while self._dirty:
             nid = self._dirty.pop()
@@ -305,6 +324,8 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
             entry = self._entries[node.id] = _Entry(node)
         assert node.parent is not None
         entry.parent_id = node.parent.id
+        self.guard.refresh(node, self.tree.bytes[ObjectKind.KV] + self.tree.bytes[ObjectKind.STATE],
+                           self._now)
         status = (node.state is not None, min(len(node.children), 2))
         skey = structural_key(node)
         passes_through = status == (False, 1)  # chains below walk through this node
@@ -359,3 +380,4 @@ class MarconiEviction(TunedSetting, EvictionPolicy):
         """Indexed candidates of ``kind`` (for inspection and tests)."""
         self._sync()
         return [self._entries[nid].node for _, nid in self._by_time[kind]]
+

@@ -1,0 +1,203 @@
+"""Scan resistance for tree eviction: LIRS's protected set, ARC's adaptive room, ghosts.
+
+Recency alone thrashes when prefixes come back in a cycle a little longer than the budget
+holds (multi-round QA one request at a time: ten users in turn, room for nine): the least
+recently used prefix is always the next one asked for. The guard splits the indexed nodes
+into two classes and remembers what eviction took (*ghosts*):
+
+* **proven** (LIRS's LIR set): nodes a hit landed on (``Node.hits``), a save's extension of
+  a proven leaf (a follow-up turn), and a chain a save hangs where a ghost says the cache
+  evicted the same prefix before; **unproven**: every other node.
+* A node joins the proven class only while that class has room (the capacity, the most
+  bytes the tree has held, less ``room`` left to the unproven and at least two prefixes of
+  its size), or in place of the least recent proven leaf when that leaf has gone unused for
+  longer than the newcomer's reuse interval (LIRS: the shorter interval is the hotter
+  prefix); the displaced leaf turns unproven. So in a cycle the proven set stays put and
+  hits every turn, and only the rest thrashes.
+* ``room`` (ARC's p): the bytes the unproven class may hold before it goes first. It starts
+  at the capacity (the policy's own ranking over everything: plain recency, no class
+  first) and moves on ghosts: a re-created prefix whose reuse distance (bytes the tree
+  took in since its last use) was below the capacity would have stayed under recency
+  alone, so ``room`` grows by its bytes; one whose distance was beyond it is a loop longer
+  than the budget, so ``room`` shrinks by twice its bytes (protect the proven from it).
+
+``victim_class``: False (evict among the unproven first) while they hold more than
+``room``, else None (the ranking over both). A ghost's identity is where the evicted chain
+hung: the id of the ancestor that survives its eviction (a state, a branch or the root)
+and the first token below it; a save that hangs a new chain at the same place with the same
+token re-creates it. Ghost bytes are kept up to twice the capacity (FIFO). Metadata only;
+O(chain length) per created or evicted node, O(proven leaves) per promotion into a full set.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+from hybrid_connector.tree.radix import Node
+
+GhostKey = tuple[int, int]
+
+
+class Ghost(NamedTuple):
+    """What eviction took: when it was last used (policy clock and bytes taken in) and
+    its bytes."""
+
+    last: float
+    stamp: float
+    nbytes: int
+
+
+class ScanGuard:
+    """The class of every indexed node, the ghosts and ``room`` (module docstring)."""
+
+    def __init__(self) -> None:
+        self.proven: set[int] = set()
+        self._nodes: dict[int, Node] = {}
+        self._bytes: dict[int, tuple[bool, int]] = {}  # node id -> (proven, bytes) counted
+        self._born: dict[int, float] = {}  # node id -> policy clock at creation
+        self._stamp: dict[int, float] = {}  # node id -> ``taken_in`` at its last use
+        self.proven_bytes = 0
+        self.unproven_bytes = 0
+        self.capacity = 0
+        self.taken_in = 0.0  # bytes the tree took in so far (the reuse-distance clock)
+        self._room: float | None = None  # None: the capacity
+        self._ghosts: OrderedDict[GhostKey, Ghost] = OrderedDict()
+        self._ghost_bytes = 0
+        self.ghost_hits = 0
+        self.promoted = 0
+        self.demoted = 0
+
+    @property
+    def room(self) -> float:
+        return float(self.capacity) if self._room is None else self._room
+
+    def victim_class(self) -> bool | None:
+        """False: evict among the unproven first; None: rank over both."""
+        return False if self.unproven_bytes > self.room else None
+
+    def is_proven(self, node: Node) -> bool:
+        return node.id in self.proven
+
+    # ----------------------------------------------------------------- classes
+    def created(self, nodes: list[Node], first_new: int, now: float) -> None:
+        """Classify nodes the tree created since the last sync (ids >= ``first_new``)."""
+        decided: dict[GhostKey, bool] = {}
+        for node in nodes:
+            self._born[node.id] = now
+            old_child = next((c for c in node.children.values() if c.id < first_new), None)
+            if old_child is not None:  # the upper half of a split: as the node it split
+                proven = old_child.id in self.proven
+            else:
+                top = node
+                while top.parent is not None and top.parent.id >= first_new:
+                    top = top.parent
+                anchor = top.parent
+                if anchor is None or top.tokens.size == 0:
+                    continue
+                key = (anchor.id, int(top.tokens[0]))
+                if key not in decided:
+                    decided[key] = self._arrival(key, anchor, now)
+                proven = decided[key]
+            if proven:
+                self.proven.add(node.id)
+
+    def _arrival(self, key: GhostKey, anchor: Node, now: float) -> bool:
+        """Whether a chain a save hung at ``key`` starts proven (module docstring)."""
+        ghost = self._ghosts.pop(key, None)
+        if ghost is None:  # a save extending a proven leaf continues a proven prefix
+            return (anchor.parent is not None and anchor.id in self.proven
+                    and len(anchor.children) == 1)
+        self._ghost_bytes -= ghost.nbytes
+        self.ghost_hits += 1
+        if self.taken_in - ghost.stamp < self.capacity:  # recency alone would have kept it
+            self._room = min(float(self.capacity), self.room + ghost.nbytes)
+        else:  # a loop longer than the budget: protect the proven from it
+            self._room = max(0.0, self.room - 2 * ghost.nbytes)
+        return self._admit(ghost.nbytes, now - ghost.last, now)
+
+    def _admit(self, nbytes: int, reuse: float, now: float) -> bool:
+        """Whether a prefix used again ``reuse`` ticks after its previous use joins the
+        proven class (module docstring)."""
+        if self.proven_bytes + nbytes <= self.capacity - max(self.room, 2 * nbytes):
+            self.promoted += 1
+            return True
+        oldest: Node | None = None
+        for nid in self.proven:
+            n = self._nodes.get(nid)
+            if n is not None and not n.children and (
+                    oldest is None or n.last_access < oldest.last_access):
+                oldest = n
+        if oldest is not None and now - oldest.last_access > reuse:
+            self._count(oldest, False)
+            self.demoted += 1
+            self.promoted += 1
+            return True
+        return False
+
+    def refresh(self, node: Node, total_bytes: int, now: float) -> None:
+        """Recount ``node`` (a hit may prove it) and track the capacity."""
+        self._nodes[node.id] = node
+        self.capacity = max(self.capacity, total_bytes)
+        if node.hits > 0 and node.id not in self.proven and self._admit(
+                node.nbytes(), now - self._born.get(node.id, now), now):
+            self.proven.add(node.id)
+        self._count(node, node.id in self.proven)
+
+    def _count(self, node: Node, proven: bool) -> None:
+        (self.proven.add if proven else self.proven.discard)(node.id)
+        nbytes = node.nbytes()
+        old = self._bytes.get(node.id)
+        if old is not None:
+            self._uncount(old)
+        self.taken_in += max(0, nbytes - (old[1] if old is not None else 0))
+        self._bytes[node.id] = (proven, nbytes)
+        if proven:
+            self.proven_bytes += nbytes
+        else:
+            self.unproven_bytes += nbytes
+
+    def _uncount(self, old: tuple[bool, int]) -> None:
+        if old[0]:
+            self.proven_bytes -= old[1]
+        else:
+            self.unproven_bytes -= old[1]
+
+    def used(self, node: Node) -> None:
+        """``node`` was the deepest node of an access (its reuse distance restarts)."""
+        self._stamp[node.id] = self.taken_in
+
+    def removed(self, node_id: int) -> None:
+        self.proven.discard(node_id)
+        self._nodes.pop(node_id, None)
+        self._born.pop(node_id, None)
+        self._stamp.pop(node_id, None)
+        old = self._bytes.pop(node_id, None)
+        if old is not None:
+            self._uncount(old)
+
+    # ----------------------------------------------------------------- ghosts
+    def evicting(self, leaf: Node) -> None:
+        """``leaf`` is about to leave with the stateless single-child chain above it:
+        remember where it hung, when it was last used and its bytes."""
+        nbytes = 0
+        top = leaf
+        while True:
+            nbytes += top.nbytes()
+            up = top.parent
+            if (up is None or up.parent is None or up.state is not None
+                    or len(up.children) != 1 or up.anchors):
+                break
+            top = up
+        if top.parent is None or top.tokens.size == 0:
+            return
+        key = (top.parent.id, int(top.tokens[0]))
+        old = self._ghosts.pop(key, None)
+        if old is not None:
+            self._ghost_bytes -= old.nbytes
+        self._ghosts[key] = Ghost(leaf.last_access, self._stamp.get(leaf.id, self.taken_in),
+                                  nbytes)
+        self._ghost_bytes += nbytes
+        while self._ghost_bytes > max(2 * self.capacity, nbytes):
+            _, g = self._ghosts.popitem(last=False)
+            self._ghost_bytes -= g.nbytes

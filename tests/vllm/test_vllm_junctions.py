@@ -89,7 +89,8 @@ def test_without_the_junction_the_sibling_hits_lower(
     (300, 256, 0, 288),   # floored to the block
     (300, 288, 0, 0),     # not past the hit
     (300, 0, 288, 0),     # vLLM's own junction is as deep
-    (300, 0, 64, 288),    # deeper than vLLM's own
+    (300, 0, 64, 0),      # vLLM's own, past the hit, is never displaced
+    (300, 96, 64, 288),   # vLLM's own lies below the hit: stale
     (399, 0, 0, 384),     # leaves the stored path inside the prompt
     (400, 0, 0, 0),       # the prompt is a prefix of a stored path: no branch in it
     (0, 0, 0, 0),         # nothing stored
@@ -109,13 +110,13 @@ def _plan(matched: int, hit: int = 0) -> Any:
     return SimpleNamespace(matched_tokens=matched, num_tokens=hit)
 
 
-def test_offer_junction_keeps_a_deeper_vllm_junction() -> None:
+def test_offer_junction_keeps_vllms_own() -> None:
     r = SimpleNamespace(num_prompt_tokens=400, shared_prefix_boundary=192)
     toks = np.arange(400)
     assert junctions.offer_junction(_index(150, True, 0), r, toks, _plan(150), 0, 32) == 0
     assert r.shared_prefix_boundary == 192
-    r.shared_prefix_boundary = 64
-    assert junctions.offer_junction(_index(150, True, 0), r, toks, _plan(150), 0, 32) == 128
+    r.shared_prefix_boundary = 64  # below the hit (96)
+    assert junctions.offer_junction(_index(150, True, 0), r, toks, _plan(150, 96), 0, 32) == 128
     assert r.shared_prefix_boundary == 128
 
 

@@ -11,13 +11,15 @@ tokens is reconciled). The index knows branch points the device cache has forgot
 request whose tokens follow a stored path and leave it at J (the radix match of the
 connector's own lookup, ``LoadPlan.matched_tokens``), past every state stored on that path,
 is a sibling of the request that stored it, and the state at J is where the next sibling
-would resume. Setting
-the junction to J from the connector's hit query makes vLLM end the chunk at J, retain that
+would resume, when it is a branch (stored paths go on there by other tokens; a request
+that merely extends a stored path past where its saves stop is no sibling). Setting the
+junction to J from the connector's hit query makes vLLM end the chunk at J, retain that
 block under sparse retention and offer its state; admission keeps it (the last boundary of
-the step's computed tokens is always kept). Only the divergence point itself: positions an
-admission policy merely speculates on (placement slots) are no junctions: forcing chunk
-stops there cost vLLM's own device cache more hits than the states won (multiround_qa, 12
-conversations of 3 rounds: 2,304 -> 2,016 hit tokens).
+the step's computed tokens is always kept). vLLM's own junction, when past the hit, is kept.
+Only the divergence point itself: positions an admission policy merely speculates on
+(placement slots) are no junctions: forcing chunk stops there cost vLLM's own device cache
+more hits than the states won (multiround_qa, 12 conversations of 3 rounds: 2,304 -> 2,016
+hit tokens).
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ def junction(matched: int, *, hit: int, engine_junction: int, prompt_len: int,
     cacheable there), when the request goes on past it inside its prompt (``matched <
     prompt_len``: a branch, not a prefix of a stored path), and the floored position lies
     strictly past the request's ``hit`` (where its first chunk starts: vLLM's local hit or
-    the connector's, whichever is deeper) and past vLLM's own ``engine_junction``."""
+    the connector's, whichever is deeper). Never in place of vLLM's own ``engine_junction``
+    when that lies past the hit: there is one junction per request, and vLLM's marks where
+    its device cache holds KV without a state, which its own next hits need."""
     if block <= 0:
         raise ValueError(f"block must be positive, got {block}")
-    if not 0 < matched < prompt_len:
+    if not 0 < matched < prompt_len or engine_junction > hit:
         return 0
     j = matched - matched % block
-    return j if j > max(hit, engine_junction) else 0
+    return j if j > hit else 0
 
 
 def branch_at(index: CacheIndex, tokens: np.ndarray) -> int:
@@ -62,8 +66,8 @@ def branch_at(index: CacheIndex, tokens: np.ndarray) -> int:
 def offer_junction(index: CacheIndex, request: Any, tokens: np.ndarray, plan: LoadPlan,
                    num_computed: int, block: int) -> int:
     """Set ``request.shared_prefix_boundary`` (vLLM's ``Request``) to :func:`junction` at
-    the request's branch from the stored paths (:func:`branch_at`) when that is deeper than
-    vLLM's own; returns the junction set, 0 when vLLM's is kept. Call it from
+    the request's branch from the stored paths (:func:`branch_at`); returns the junction
+    set, 0 when none is (vLLM's own kept). Call it from
     ``get_num_new_matched_tokens`` (after vLLM's lookup set its own, before the split) with
     the connector's ``plan`` for ``tokens`` and vLLM's local hit ``num_computed``."""
     own = int(getattr(request, "shared_prefix_boundary", 0) or 0)

@@ -82,9 +82,9 @@ def marconi_options(config: HybridConfig) -> MarconiOptions:
     """The ``MarconiEviction`` keyword arguments every Marconi policy built from ``config``
     shares (a tuner's candidate may override ``score``). ``scan_resistant`` (stranded KV
     first, whole leaves in a shared budget, the scan guard: ``eviction.marconi_victims``)
-    follows a ``scan_resistant`` config key where the config has one, else off."""
+    follows the ``scan_resistant`` config key."""
     return {"joint_pool": config.pooled_eviction == "utility", "score": config.marconi_score,
-            "scan_resistant": bool(getattr(config, "scan_resistant", False))}
+            "scan_resistant": config.scan_resistant}
 
 
 def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, object]:

@@ -87,3 +87,18 @@ def test_reuse_within_the_budget_is_kept_as_recency_keeps_it() -> None:
     s1.close()
     s2.close()
     assert guarded == plain > 0
+
+
+def test_the_shipped_vllm_configs_build_a_scan_resistant_eviction() -> None:
+    """``scan_resistant`` is a config key (off by default); the vLLM configs turn it on,
+    and the policy built from them (every tuner candidate included) has it."""
+    from pathlib import Path
+
+    from hybrid_connector.policies.build import marconi_options
+
+    assert marconi_options(CFG)["scan_resistant"] is False
+    root = Path(__file__).resolve().parents[2] / "configs"
+    for name in ("vllm.yaml", "vllm-qwen3_5.yaml", "vllm-nemotron_h.yaml"):
+        cfg = load_config(root / name, environ={})
+        assert cfg.scan_resistant, name
+        assert marconi_options(cfg)["scan_resistant"] is True, name

@@ -13,7 +13,8 @@ Every peer is loaded through vLLM's ``KVConnectorFactory`` from a ``KVTransferCo
   ``hash_block_size`` / ``alignment`` one block, no disk, and ``pools.host`` the budget split
   KV 24 : states 12 (the shipped split before ``kv_state``);
 * ``ours-pooled``: the same with ``pools.host.kv_state`` = the budget (one pool KV and
-  states share, what the shipped configs set now).
+  states share, what the shipped configs set now): labelled "HybridConnector (ours)",
+  the split variant "HybridConnector, split pools".
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ LABELS = {
     "offload-lru": "OffloadingConnector (LRU)",
     "offload-arc": "OffloadingConnector (ARC)",
     "simple": "SimpleCPUOffloadConnector",
-    "ours": "HybridConnector (ours)",
-    "ours-pooled": "HybridConnector, pooled budget",
+    "ours": "HybridConnector, split pools",
+    "ours-pooled": "HybridConnector (ours)",
 }
 VLLM_CLASSES = {
     "none": "Scheduler + KVCacheManager (align-mode prefix caching)",

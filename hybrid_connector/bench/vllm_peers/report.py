@@ -105,7 +105,7 @@ def _legend(doc: dict[str, Any]) -> list[str]:
         "wrote to the host tier over the run per hit token (both in the scaled model's bytes);",
         "  TTFT ms = mean modeled time to first token of the unscaled model (below); vs best = "
         "that over the lowest of vLLM's host-tier connectors at the same budget;",
-        "  ms/st, p99 = schedule() + update_from_output() per step, mean and 99th percentile (ms)."]
+        "  ms/st, p99 = schedule() + update_from_output() per step, mean and 99th percentile (ms of the scheduler thread's CPU time)."]
     m = doc.get("ttft_model")
     if m:
         per_tok = m["byte_factor"] / m["token_factor"]

@@ -100,10 +100,8 @@ class HybridConfig(Strict):
     # a fixed alpha's score: Marconi's recency + alpha * efficiency ("sum") or the aging
     # recency * (1 + alpha * efficiency) ("product", policies.marconi.product_utility)
     marconi_score: Literal["sum", "product"] = "sum"
-    # Marconi eviction made scan resistant (policies/eviction/marconi_victims.py): KV left
-    # useless by its state's eviction goes first, a leaf's state takes its KV with it in a
-    # shared kv_state budget, and a LIRS/ARC-style guard keeps reused prefixes when reuse
-    # cycles longer than the budget. configs/vllm*.yaml turn it on.
+    # scan-resistant Marconi eviction (policies/eviction/marconi_victims.py: stranded KV
+    # first, whole leaves, a LIRS/ARC-style guard); configs/vllm*.yaml turn it on
     scan_resistant: bool = False
     # auto alpha's candidates; unset: each tuner's own grid (window: 0-2 step 0.1; shadow:
     # shadow_alphas, extended while its top leads); set: these alphas and no other

@@ -16,6 +16,7 @@ from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.index.state import IndexCore
 from hybrid_connector.index.table import Effects
 from hybrid_connector.tiers.ledger.ledger import Placement
+from hybrid_connector.tree.coverage import serves_ancestor_state
 from hybrid_connector.tree.radix import Node, ObjectRef
 
 
@@ -249,20 +250,3 @@ class Reclaimer:
             parent = cur.parent
             self.remove_leaf(cur)
             cur = parent
-
-
-def serves_ancestor_state(node: Node) -> bool:
-    """Does a KV chunk on ``node`` start before its edge and reach across an ancestor's
-    checkpoint? (A chunk saved past a checkpoint, e.g. a request's tail chunk past its
-    aligned final checkpoint, is the only KV for the tokens just before that checkpoint:
-    releasing it would strand the state.)"""
-    starts = [r.start for r in node.kv.values() if r.start < node.start]
-    if not starts:
-        return False
-    lo = min(starts)
-    anc = node.parent
-    while anc is not None and anc.depth > lo:
-        if anc.state is not None:
-            return True
-        anc = anc.parent
-    return False

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import vllm_buffers as vb
+import vllm_support as s
 from vllm_support import BACKEND, BLOCK, LAYOUT, allocate
 
+from hybrid_connector.bench.vllm_peers import engine as eng
 from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_forward
+from hybrid_connector.bench.vllm_peers.prefix_hash import prefix_hash
 from hybrid_connector.bench.vllm_peers.sched_output import apply_scheduler_output
 
 
@@ -43,11 +47,7 @@ class Req:
     chain: list[bytes] = field(default_factory=lambda: [b""])  # chain[t]: hash of tokens[:t]
 
     def h(self, t: int) -> bytes:
-        while len(self.chain) <= t:
-            i = len(self.chain) - 1
-            self.chain.append(hashlib.blake2b(self.chain[-1] + self.tokens[i].to_bytes(8, "little"),
-                                              digest_size=16).digest())
-        return self.chain[t]
+        return prefix_hash(self.chain, self.tokens, t)
 
     def resumed(self) -> None:
         """After a preemption (new block table and tokens from vLLM)."""
@@ -166,21 +166,27 @@ class Runner:
 
 
 def make_scheduler(vc: Any, cfg: Any) -> Any:
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    return Scheduler(vc, cfg, StructuredOutputManager(vc), BLOCK, log_stats=True)
+    """vLLM's own ``Scheduler`` at ``BLOCK`` (it creates the connector's scheduler side)."""
+    return eng.make_scheduler(vc, cfg, BLOCK)
 
 
 def make_request(rid: str, prompt: list[int], max_tokens: int) -> Any:
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-    from vllm.v1.request import Request
+    """A vLLM ``Request`` with vLLM's block hasher at ``BLOCK``."""
+    return eng.make_request(rid, prompt, max_tokens, BLOCK)
 
-    init_none_hash(sha256)
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return Request(rid, prompt, sp, None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+def engine(root: Path, yaml_text: str, *, retention: int | None, num_blocks: int,
+           name: str = "hybrid.yaml") -> tuple[Any, Any, Runner]:
+    """vLLM's ``Scheduler``, our connector's worker side (from vLLM's factory) and a
+    ``Runner`` on vLLM's own buffers, for tiny Nemotron-H under ``root``, the connector
+    config ``yaml_text`` (written to ``root / name``), vLLM's
+    ``prefix_cache_retention_interval`` ``retention`` and ``num_blocks`` device blocks."""
+    y = root / name
+    y.write_text(yaml_text)
+    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=retention)
+    cfg = s.kv_cache_config(vc, num_blocks=num_blocks)
+    worker = eng.make_worker(vc, cfg)
+    return make_scheduler(vc, cfg), worker, Runner(cfg, worker)
 
 
 def _keep_stats(runner: Any, eco: Any) -> None:

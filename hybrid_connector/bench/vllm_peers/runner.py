@@ -21,7 +21,6 @@ it otherwise), ``wait_for_save``, ``get_transfer_results`` and the worker metada
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 
 from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_forward
+from hybrid_connector.bench.vllm_peers.prefix_hash import prefix_hash
 from hybrid_connector.bench.vllm_peers.sched_output import apply_scheduler_output
 
 
@@ -43,11 +43,7 @@ class _Req:
     chain: list[bytes] = field(default_factory=lambda: [b"\0" * 16])
 
     def h(self, t: int) -> bytes:
-        while len(self.chain) <= t:
-            i = len(self.chain) - 1
-            self.chain.append(hashlib.blake2b(self.chain[-1] + self.tokens[i].to_bytes(8, "little"),
-                                              digest_size=16).digest())
-        return self.chain[t]
+        return prefix_hash(self.chain, self.tokens, t)
 
     def resumed(self) -> None:
         """After a preemption (new tokens from vLLM): re-derive hashes, check again."""

@@ -18,9 +18,6 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
-import vllm_support as s  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
 YAML = """chunk_size: 64
 hash_block_size: 32
@@ -33,14 +30,10 @@ PROMPT = 150
 
 
 def _engine(root: Path) -> tuple[Any, Any, h.Runner]:
-    y = root / "answers.yaml"
-    y.write_text(YAML + "save_decode_cache: true\n")
     # dense retention: vLLM offers the state at every block boundary it computes, the
     # generated tokens' boundaries included
-    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=None)
-    cfg = s.kv_cache_config(vc, num_blocks=8)
-    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
-    return h.make_scheduler(vc, cfg), worker, h.Runner(cfg, worker)
+    return h.engine(root, YAML + "save_decode_cache: true\n", retention=None, num_blocks=8,
+                    name="answers.yaml")
 
 
 def _states(sched: Any) -> int:
@@ -81,12 +74,8 @@ def test_an_answer_leaves_one_state_at_its_exact_end_and_the_next_turn_hits_ther
 def test_prompts_only_keeps_the_last_prompt_boundary(tmp_path: Path) -> None:
     """``save_decode_cache: false``: no KV or state of generated tokens; the next turn hits
     at the prompt's last boundary."""
-    y = tmp_path / "prompts.yaml"
-    y.write_text(YAML + "save_decode_cache: false\n")
-    vc = s.vllm_config(s.tiny_nemotron_h(tmp_path), y, retention=None)
-    cfg = s.kv_cache_config(vc, num_blocks=8)
-    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
-    sched, runner = h.make_scheduler(vc, cfg), h.Runner(cfg, worker)
+    sched, worker, runner = h.engine(tmp_path, YAML + "save_decode_cache: false\n",
+                                     retention=None, num_blocks=8, name="prompts.yaml")
     try:
         turn1 = np.random.default_rng(9).integers(0, 128, PROMPT).tolist()
         ans = h.run(sched, runner, [h.make_request("t1", turn1, 70)])["t1"]

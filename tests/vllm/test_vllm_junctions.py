@@ -19,8 +19,6 @@ pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
 import vllm_support as s  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
 from hybrid_connector.integrations.vllm import junctions  # noqa: E402
 from hybrid_connector.integrations.vllm import scheduler as sched_side  # noqa: E402
@@ -40,12 +38,8 @@ J = SPLIT - SPLIT % s.BLOCK  # 288: the junction, block-floored
 def _serve(tmp_path: Path, retention: int | None) -> tuple[list[int], h.Runner]:
     """A, then B (leaves A's path at 300), then C (leaves B's at 300), each after the
     device cache was emptied; returns the external hit tokens of B and C and the runner."""
-    y = tmp_path / "junctions.yaml"
-    y.write_text(YAML)
-    vc = s.vllm_config(s.tiny_nemotron_h(tmp_path), y, retention=retention)
-    cfg = s.kv_cache_config(vc, num_blocks=64)
-    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
-    sched, runner = h.make_scheduler(vc, cfg), h.Runner(cfg, worker)
+    sched, worker, runner = h.engine(tmp_path, YAML, retention=retention, num_blocks=64,
+                                     name="junctions.yaml")
     st = sched.connector.sched.stats
     rng = np.random.default_rng(27)
     a = rng.integers(0, 128, PROMPT).tolist()

@@ -13,9 +13,6 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
-import vllm_support as s  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
 from hybrid_connector.core.keys import ObjectKind  # noqa: E402
 
@@ -34,12 +31,7 @@ def test_kv_chunks_below_vllms_local_hit_are_not_read(tmp_path: Path) -> None:
     keeps its blocks, so turn 2's local hit is 192 (its last retained boundary) and the
     connector's hit 219: the load reads the chunk over [192, 219) and the state at 219,
     not the chunks of [0, 192)."""
-    y = tmp_path / "c.yaml"
-    y.write_text(YAML)
-    vc = s.vllm_config(s.tiny_nemotron_h(tmp_path), y, retention=None)
-    cfg = s.kv_cache_config(vc, num_blocks=32)
-    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
-    sched, runner = h.make_scheduler(vc, cfg), h.Runner(cfg, worker)
+    sched, worker, runner = h.engine(tmp_path, YAML, retention=None, num_blocks=32, name="c.yaml")
     read: list[Any] = []
     rank = worker.worker.worker
     real_load = rank.load

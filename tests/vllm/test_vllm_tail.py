@@ -18,8 +18,6 @@ pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
 import vllm_support as s  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
 YAML = """chunk_size: 64
 hash_block_size: 32
@@ -34,12 +32,7 @@ END = PROMPT + OUT - 1  # the last sampled token is never computed: 219, inside 
 
 
 def _engine(root: Path, retention: int | None) -> tuple[Any, Any, h.Runner]:
-    y = root / "tail.yaml"
-    y.write_text(YAML)
-    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=retention)
-    cfg = s.kv_cache_config(vc, num_blocks=7)
-    worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
-    return h.make_scheduler(vc, cfg), worker, h.Runner(cfg, worker)
+    return h.engine(root, YAML, retention=retention, num_blocks=7, name="tail.yaml")
 
 
 def _turns(sched: Any, worker: Any, runner: h.Runner) -> tuple[list[int], int]:

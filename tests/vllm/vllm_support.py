@@ -7,14 +7,14 @@ alias)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import torch  # noqa: E402
+
+from hybrid_connector.bench.vllm_peers import engine as eng  # noqa: E402
 
 BLOCK = 32
 BACKEND = "FLASH_ATTN"  # the attention backend the harness's buffers are laid out for
@@ -73,82 +73,32 @@ MODELS = {"nemotron_h": tiny_nemotron_h, "qwen3_next": tiny_qwen3_next, "mamba2"
 def vllm_config(model_dir: Path, yaml_path: Path | None, *, extra: dict[str, Any] | None = None,
                 policy: str = "recompute", num_blocks: int = 64, max_len: int = 512,
                 retention: int | None = 0, tp: int = 1, layout: str = LAYOUT) -> Any:
-    """``retention``: vLLM's ``prefix_cache_retention_interval`` (0, its default: only the
-    "semantic" boundaries such as a prompt's end are kept and offered to connectors; N: also
-    every N tokens; None: every block boundary). ``layout``: the ``KVCacheLayout`` the engine
-    core resolved (``vllm_buffers.hybrid_layouts`` lists those vLLM resolves per backend)."""
-    from vllm.config import (
-        CacheConfig,
-        KVTransferConfig,
-        ModelConfig,
-        ParallelConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
-
+    """``engine.vllm_config`` with this project's connector (``yaml_path``, ``extra``:
+    its extra config; ``policy``: vLLM's ``kv_load_failure_policy``), ``BLOCK``-token
+    blocks, 8 sequences and 256 tokens per step. ``retention``: vLLM's
+    ``prefix_cache_retention_interval`` (0, its default: only the "semantic" boundaries such
+    as a prompt's end are kept and offered to connectors; N: also every N tokens; None: every
+    block boundary). ``layout``: the ``KVCacheLayout`` the engine core resolved
+    (``vllm_buffers.hybrid_layouts`` lists those vLLM resolves per backend)."""
     ex: dict[str, Any] = {"config_file": str(yaml_path)} if yaml_path else {}
     ex.update(extra or {})
-    ktc = KVTransferConfig(**json.loads(json.dumps({
-        "kv_connector": "HybridConnector",
-        "kv_connector_module_path": "hybrid_connector.integrations.vllm",
-        "kv_role": "kv_both", "kv_load_failure_policy": policy,
-        "kv_connector_extra_config": ex})))
-    mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
-                     max_model_len=max_len)
-    cc = CacheConfig(block_size=BLOCK, enable_prefix_caching=True)
-    cc.kv_cache_layout = layout  # what the engine core resolved (LBNHC for FlashAttention)
-    cc.num_gpu_blocks = num_blocks
-    cc.prefix_cache_retention_interval = retention
-    sc = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=max_len,
-                         is_encoder_decoder=False)
-    return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc, kv_transfer_config=ktc,
-                      parallel_config=ParallelConfig(tensor_parallel_size=tp))
+    connector = {"kv_connector": "HybridConnector",
+                 "kv_connector_module_path": "hybrid_connector.integrations.vllm",
+                 "kv_role": "kv_both", "kv_load_failure_policy": policy,
+                 "kv_connector_extra_config": ex}
+    return eng.vllm_config(model_dir, BLOCK, connector=connector, num_blocks=num_blocks,
+                           max_len=max_len, max_seqs=8, batched=256, retention=retention,
+                           tp=tp, layout=layout)
 
 
 def layer_specs(vc: Any) -> dict[str, Any]:
-    """``{layer name: KVCacheSpec}`` as vLLM's attention and Mamba layers build them, per
-    TP rank (state shapes from the model class's ``MambaStateShapeCalculator``)."""
-    from vllm.model_executor.models.registry import ModelRegistry
-    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum as Backends
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-
-    mc = vc.model_config
-    cls, _ = ModelRegistry.resolve_model_cls(mc.architectures, mc)
-    shapes = cls.get_mamba_state_shape_from_config(vc)
-    dtypes = cls.get_mamba_state_dtype_from_config(vc)
-    hf = mc.hf_text_config
-    mamba_type = Backends.GDN_ATTN if "Qwen3Next" in mc.architectures[0] else Backends.MAMBA2
-    tp = vc.parallel_config.tensor_parallel_size
-    kinds = (getattr(hf, "layers_block_type", None) or getattr(hf, "layer_types", None)
-             or ["mamba"] * hf.num_hidden_layers)  # a pure SSM: every layer a Mamba layer
-    has_attn = any(k in ("attention", "full_attention") for k in kinds)
-    attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=hf.num_key_value_heads // tp,
-                             head_size=hf.head_dim, dtype=torch.float32) if has_attn else None
-    state = sum(torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
-    assert attn is None or attn.page_size_bytes >= state, "raise BLOCK: vLLM pads the state page"
-    out: dict[str, Any] = {}
-    for i, kind in enumerate(kinds):
-        if kind in ("attention", "full_attention"):
-            assert attn is not None
-            out[f"model.layers.{i}.mixer.attn"] = attn
-        elif kind in ("mamba", "linear_attention"):
-            out[f"model.layers.{i}.mixer"] = MambaSpec(
-                block_size=BLOCK, shapes=tuple(shapes), dtypes=tuple(dtypes),
-                page_size_padded=attn.page_size_bytes if attn else None, mamba_type=mamba_type,
-                mamba_cache_mode="align")
-    return out
+    """``engine.layer_specs`` at ``BLOCK``: the layers' specs per TP rank."""
+    return eng.layer_specs(vc, BLOCK)
 
 
 def kv_cache_config(vc: Any, num_blocks: int = 64) -> Any:
     """vLLM's planner over :func:`layer_specs` for ``num_blocks`` blocks."""
-    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-
-    specs = layer_specs(vc)
-    page = max(s.page_size_bytes for s in specs.values())
-    groups = get_global_kv_cache_groups(vc, [specs])
-    per_block = page * max(len(g.layer_names) for g in groups) * len(groups)
-    (cfg,) = get_kv_cache_configs(vc, [specs], [per_block * num_blocks], groups)
-    return cfg
+    return eng.kv_cache_config(vc, BLOCK, num_blocks)
 
 
 def allocate(cfg: Any, seed: int = 0, backend: str = BACKEND, layout: str = LAYOUT) -> dict[str, Any]:

@@ -36,12 +36,14 @@ def write_model(preset: str, divisor: float, root: Path) -> tuple[Path, Any]:
 
 def vllm_config(model_dir: Path, block: int, *, connector: dict[str, Any] | None,
                 num_blocks: int, max_len: int, max_seqs: int, batched: int,
-                retention: int | None = None) -> Any:
+                retention: int | None = None, tp: int = 1, layout: str = LAYOUT) -> Any:
     """A real ``VllmConfig`` for the model in ``model_dir`` with ``block``-token blocks in
     align mode, ``num_blocks`` device blocks, ``retention`` as vLLM's
     ``prefix_cache_retention_interval`` (None: every block boundary kept and offered, the
-    dense retention under which connectors see every state) and ``connector`` as the
-    ``KVTransferConfig`` (None: no connector)."""
+    dense retention under which connectors see every state; 0, vLLM's default: only
+    "semantic" boundaries such as a prompt's end), ``connector`` as the
+    ``KVTransferConfig`` (None: no connector), ``tp`` tensor-parallel ranks and ``layout``
+    the ``KVCacheLayout`` the engine core resolved."""
     from vllm.config import (
         CacheConfig,
         KVTransferConfig,
@@ -56,18 +58,21 @@ def vllm_config(model_dir: Path, block: int, *, connector: dict[str, Any] | None
     mc = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="float32",
                      max_model_len=max_len)
     cc = CacheConfig(block_size=block, enable_prefix_caching=True)
-    cc.kv_cache_layout = LAYOUT
+    cc.kv_cache_layout = layout
     cc.num_gpu_blocks = num_blocks
     cc.prefix_cache_retention_interval = retention
     sc = SchedulerConfig(max_num_batched_tokens=batched, max_num_seqs=max_seqs,
                          max_model_len=max_len, is_encoder_decoder=False)
     return VllmConfig(model_config=mc, cache_config=cc, scheduler_config=sc,
-                      kv_transfer_config=ktc, parallel_config=ParallelConfig())
+                      kv_transfer_config=ktc,
+                      parallel_config=ParallelConfig(tensor_parallel_size=tp))
 
 
 def layer_specs(vc: Any, block: int) -> dict[str, Any]:
-    """``{layer name: KVCacheSpec}`` as vLLM's attention and Mamba/GDN layers build them
-    (state shapes and dtypes from the model class's own calculators)."""
+    """``{layer name: KVCacheSpec}`` as vLLM's attention and Mamba/GDN layers build them, per
+    TP rank (state shapes and dtypes from the model class's own calculators; a pure SSM has
+    Mamba layers only). Raises ValueError when a state page does not fit the attention page
+    vLLM pads it into."""
     import torch
     from vllm.model_executor.models.registry import ModelRegistry
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum as Backends
@@ -79,9 +84,16 @@ def layer_specs(vc: Any, block: int) -> dict[str, Any]:
     dtypes = cls.get_mamba_state_dtype_from_config(vc)
     hf = mc.hf_text_config
     mtype = Backends.GDN_ATTN if "Qwen3Next" in mc.architectures[0] else Backends.MAMBA2
-    kinds: list[str] = getattr(hf, "layers_block_type", None) or getattr(hf, "layer_types", None) or []
-    attn = FullAttentionSpec(block_size=block, num_kv_heads=hf.num_key_value_heads,
-                             head_size=hf.head_dim, dtype=torch.float32)
+    tp = vc.parallel_config.tensor_parallel_size
+    kinds: list[str] = (getattr(hf, "layers_block_type", None) or getattr(hf, "layer_types", None)
+                        or ["mamba"] * hf.num_hidden_layers)  # a pure SSM: every layer Mamba
+    has_attn = any(k in ("attention", "full_attention") for k in kinds)
+    attn = FullAttentionSpec(block_size=block, num_kv_heads=hf.num_key_value_heads // tp,
+                             head_size=hf.head_dim, dtype=torch.float32) if has_attn else None
+    state = sum(torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
+    if attn is not None and state > attn.page_size_bytes:
+        raise ValueError(f"block {block} too small: vLLM pads the state page ({state} B) "
+                         f"into the attention page ({attn.page_size_bytes} B)")
     out: dict[str, Any] = {}
     for i, kind in enumerate(kinds):
         if kind in ("attention", "full_attention"):
@@ -89,12 +101,8 @@ def layer_specs(vc: Any, block: int) -> dict[str, Any]:
         elif kind in ("mamba", "linear_attention"):
             out[f"model.layers.{i}.mixer"] = MambaSpec(
                 block_size=block, shapes=tuple(shapes), dtypes=tuple(dtypes),
-                page_size_padded=attn.page_size_bytes, mamba_type=mtype,
-                mamba_cache_mode="align")
-    state = sum(torch.Size(s).numel() * d.itemsize for s, d in zip(shapes, dtypes, strict=True))
-    if state > attn.page_size_bytes:
-        raise ValueError(f"block {block} too small: vLLM pads the state page ({state} B) "
-                         f"into the attention page ({attn.page_size_bytes} B)")
+                page_size_padded=attn.page_size_bytes if attn is not None else None,
+                mamba_type=mtype, mamba_cache_mode="align")
     return out
 
 

@@ -15,6 +15,13 @@ Every peer is loaded through vLLM's ``KVConnectorFactory`` from a ``KVTransferCo
 * ``ours-pooled``: the same with ``pools.host.kv_state`` = the budget (one pool KV and
   states share, what the shipped configs set now): labelled "HybridConnector (ours)",
   the split variant "HybridConnector, split pools".
+
+Opt-in (``--peers``; not in the default sweep), a disk tier under each (``disk_peers``):
+
+* ``offload-fs``: ``OffloadingConnector`` with vLLM's ``TieringOffloadingSpec``: its CPU
+  primary tier of the same host bytes and a ``FileSystemTierManager`` ("fs") tier;
+* ``ours-nvme``: ``ours-pooled`` plus an NVMe tier of a disk budget matched to what
+  ``offload-fs``'s fs tier held (``disk_peers``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import Any
 import yaml
 
 PEERS = ("none", "offload-lru", "offload-arc", "simple", "ours", "ours-pooled")
+DISK_PEERS = ("offload-fs", "ours-nvme")  # opt-in: host + disk tiers
 LABELS = {
     "none": "vLLM prefix cache only",
     "offload-lru": "OffloadingConnector (LRU)",
@@ -33,6 +41,8 @@ LABELS = {
     "simple": "SimpleCPUOffloadConnector",
     "ours": "HybridConnector, split pools",
     "ours-pooled": "HybridConnector (ours)",
+    "offload-fs": "OffloadingConnector + fs tier",
+    "ours-nvme": "HybridConnector + NVMe tier",
 }
 VLLM_CLASSES = {
     "none": "Scheduler + KVCacheManager (align-mode prefix caching)",
@@ -43,11 +53,17 @@ VLLM_CLASSES = {
     "simple": "SimpleCPUOffloadConnector, SimpleCPUOffloadScheduler (host BlockPool LRU)",
     "ours": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
     "ours-pooled": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
+    "offload-fs": "OffloadingConnector, TieringOffloadingSpec, TieringOffloadingManager + "
+                  "CPUPrimaryTierOffloadingManager (LRU) + FileSystemTierManager, "
+                  "SharedOffloadRegion, OffloadingConnectorWorker",
+    "ours-nvme": "HybridConnector (hybrid_connector.integrations.vllm), both roles, NvmeTier",
 }
 STAND_IN = {
     "offload-lru": "CPUOffloadingWorker's CUDA block copies -> CpuOffloadingWorker (CPU copy)",
     "offload-arc": "CPUOffloadingWorker's CUDA block copies -> CpuOffloadingWorker (CPU copy)",
     "simple": "SimpleCPUOffloadWorker's streams + DMA backend -> CpuSimpleWorker (CPU copy)",
+    "offload-fs": "CPUOffloadingWorker's CUDA block copies -> CpuOffloadingWorker (CPU copy "
+                  "into the spec's SharedOffloadRegion); the fs tier's file I/O is vLLM's own",
 }
 SHIPPED = {"qwen3.5-4b": "vllm-qwen3_5.yaml", "nemotron-h-8b": "vllm-nemotron_h.yaml"}
 
@@ -72,12 +88,22 @@ def ours_yaml(preset: str, block: int, budget: int, configs: Path, pooled: bool 
     host = ({"kv_state": f"{budget}B"} if pooled
             else {"kv": f"{kv}B", "state": f"{budget - kv}B", "anchor": "0B"})
     cfg.update({"chunk_size": 2 * block, "hash_block_size": block, "alignment": block,
-                "local_cpu": True, "max_local_cpu_size": f"{budget}B", "pools": {"host": host}})
+                "local_cpu": True, "max_local_cpu_size": f"{budget}B", "pools": {"host": host},
+                # the same decisions in every run (the tuner's worker never skips a request)
+                "shadow_deterministic": True})
     return yaml.safe_dump(cfg, sort_keys=False)
 
 
-def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path) -> Peer:
-    """``name`` (one of :data:`PEERS`) at ``budget`` host bytes."""
+def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path,
+         disk_budget: int | None = None) -> Peer:
+    """``name`` (one of :data:`PEERS` or :data:`DISK_PEERS`) at ``budget`` host bytes
+    (``disk_budget``: ``ours-nvme``'s disk bytes, see ``disk_peers``)."""
+    if name in DISK_PEERS:
+        from hybrid_connector.bench.vllm_peers import disk_peers
+
+        return Peer(name, budget, disk_peers.transfer(name, budget, preset=preset, block=block,
+                                                      work=work, configs=configs,
+                                                      disk_budget=disk_budget))
     if name == "none":
         return Peer(name, budget, None)
     if name in ("offload-lru", "offload-arc"):
@@ -96,7 +122,7 @@ def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs
                                    "kv_connector_module_path": "hybrid_connector.integrations.vllm",
                                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                                    "kv_connector_extra_config": {"config_file": str(path)}})
-    raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+    raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS + DISK_PEERS)}")
 
 
 def install_stand_in(name: str, worker: Any) -> None:

@@ -46,6 +46,13 @@ Contract:
   the worker is ``max_backlog`` requests behind, new requests are skipped by every shadow
   alike (counted in ``skipped``) rather than queued without bound. The worker holds the
   GIL while it steps, as the v1 window replays did.
+* ``deterministic`` (with ``background``): the outcome never depends on the worker's
+  speed. No request is skipped (at ``max_backlog`` the caller waits for the oldest step),
+  and after every ``check_every``-th request fed (a decision point: the worker checks at
+  the same counts) the caller waits for the worker to catch up before ``record`` returns,
+  so ``poll`` hands over a decision at the same request in every run, exactly as the
+  inline tuner would. The steps stay on the worker: the caller only blocks (no CPU time
+  on its thread), for at most the ``check_every`` requests since the last barrier.
 """
 
 from __future__ import annotations
@@ -120,6 +127,7 @@ class ShadowTuner:
         max_backlog: int = 64,
         z_early: float = 1.5,
         early: int = 200,
+        deterministic: bool = False,
     ) -> None:
         if not offered or any(c.alpha < 0 for c in offered):
             raise ValueError(f"candidates must be non-empty with alpha >= 0, got {offered}")
@@ -136,6 +144,8 @@ class ShadowTuner:
         self.check_every, self.horizon, self.max_alpha = int(check_every), int(horizon), max_alpha
         self.background = background
         self.max_backlog = max_backlog
+        self.deterministic = deterministic
+        self._fed = 0  # requests handed to the shadows (primed ones included)
         self.skipped = 0  # requests no shadow saw (the worker was ``max_backlog`` behind)
         if start not in self.offered:
             raise ValueError(f"start {start} is not among the candidates {self.offered}")
@@ -164,14 +174,20 @@ class ShadowTuner:
         req = TunerRequest(np.asarray(tokens, dtype=np.int64), int(prompt_len))
         self._pending = [f for f in self._pending if not f.done()]
         if self.background and len(self._pending) >= self.max_backlog:
-            self.skipped += 1  # every shadow skips it alike, so the pairing stays exact
-            return
+            if not self.deterministic:
+                self.skipped += 1  # every shadow skips it alike, so the pairing stays exact
+                return
+            self._pending.pop(0).result()  # wait (off this thread's CPU clock), never skip
+        self._fed += 1
         self._run(self._step, req, self.started)
+        if self.deterministic and self._fed % self.check_every == 0:
+            self.drain()  # the barrier: a decision due at this count is in ``poll`` now
 
     def prime(self, requests: Sequence[tuple[np.ndarray, int]]) -> None:
         """Feed requests the live cache served before this tuner existed, as one job (not
         subject to ``max_backlog``): the twins then start where the live cache stands."""
         reqs = [TunerRequest(np.asarray(t, dtype=np.int64), int(p)) for t, p in requests]
+        self._fed += len(reqs)
 
         def run() -> None:
             for r in reqs:
@@ -270,7 +286,8 @@ class ShadowTuner:
             row.append(s)
 
     def drain(self) -> None:
-        """Wait until the worker has stepped every queued request (tests, benchmarks)."""
+        """Wait until the worker has stepped every queued request (tests, benchmarks, the
+        deterministic barrier)."""
         for f in list(self._pending):
             f.result()
 

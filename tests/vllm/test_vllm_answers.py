@@ -88,3 +88,64 @@ def test_prompts_only_keeps_the_last_prompt_boundary(tmp_path: Path) -> None:
         worker.shutdown()
     st = sched.connector.sched.stats
     assert runner.bad == [] and st.hits == 1 and st.hit_tokens == 128
+
+
+def _gate(sched: Any) -> Any:
+    """The scheduler side's answer gate, with a short horizon (a rate that halves per
+    arrival that extends no answer: storage stops at the fourth such arrival)."""
+    from hybrid_connector.integrations.vllm.checkpoints import AnswerGate
+    from hybrid_connector.policies.admission.answers import AnswerReuse
+
+    side = sched.connector.sched
+    if not hasattr(side, "answers"):
+        pytest.skip("integrations/vllm/scheduler.py does not consult AnswerGate yet")
+    side.answers = AnswerGate(True, AnswerReuse(horizon=2.0))
+    return side.answers
+
+
+def _served(sched: Any, tokens: list[int]) -> int:
+    idx = sched.connector.sched.index
+    return int(idx.lookup(np.asarray(tokens), alignment=1, replay=False).num_tokens)
+
+
+def test_answers_stop_being_stored_when_they_never_come_back(tmp_path: Path) -> None:
+    """Independent requests (no prompt extends an earlier answer): the first three store
+    their answers (the estimate starts at 1 and halves per arrival), the rest store their
+    prompts only (the next turn would hit at the prompt's last boundary, 128, not at the
+    end). A request that then extends such an unstored answer (remembered all the same)
+    turns storage back on for itself."""
+    sched, worker, runner = _engine(tmp_path)
+    try:
+        gate = _gate(sched)
+        outs, served = [], []
+        for i in range(5):
+            prompt = np.random.default_rng(20 + i).integers(0, 128, PROMPT).tolist()
+            ans = h.run(sched, runner, [h.make_request(f"r{i}", prompt, 10)])[f"r{i}"]
+            outs.append(prompt + ans)
+            served.append(h.settle(sched, runner, prompt + ans + [1]))
+        assert served == [PROMPT + 9] * 3 + [128] * 2
+        assert not gate.reuse.stores and gate.reuse.came_back == 0
+        nxt = outs[-1] + [5, 6, 7]
+        ans = h.run(sched, runner, [h.make_request("next", nxt, 10)])["next"]
+        assert gate.reuse.came_back == 1 and gate.reuse.stores
+        assert h.settle(sched, runner, nxt + ans + [1]) == len(nxt) + 9
+    finally:
+        worker.shutdown()
+    assert runner.bad == []
+
+
+def test_answers_stay_stored_while_each_turn_extends_the_last(tmp_path: Path) -> None:
+    """A chat: every turn's prompt is the previous turn, its answer and a new message;
+    every answer is stored, and each turn hits at the previous one's exact end."""
+    sched, worker, runner = _engine(tmp_path)
+    try:
+        gate = _gate(sched)
+        toks = np.random.default_rng(9).integers(0, 128, 40).tolist()
+        for i in range(5):
+            ans = h.run(sched, runner, [h.make_request(f"t{i}", toks, 6)])[f"t{i}"]
+            toks = toks + ans + [5, 6, 7]
+            assert h.settle(sched, runner, toks) == len(toks) - 4
+        assert gate.reuse.came_back == 4 and gate.reuse.stores
+    finally:
+        worker.shutdown()
+    assert runner.bad == []

@@ -20,13 +20,56 @@ Measured in the head-to-head (chat trace, 2x host budget): forced answer boundar
 prompt's last boundary after a stored answer and placement slots in answers made 43% of
 the states saved; without them the host tier keeps more sessions (token hit rate 0.801 ->
 0.833).
+
+Whether answers are stored at all is learnt per workload (``AnswerGate``, on
+``policies.admission.answers.AnswerReuse``): with ``save_decode_cache`` a request stores its
+answer while recent arrivals extended recorded answers; otherwise (a Mooncake-style trace,
+outputs never return as inputs) it is saved as with prompts only.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hybrid_connector.index.cache_index import CacheIndex
+from hybrid_connector.policies.admission.answers import AnswerReuse
+
+DECIDED = 65536  # requests whose decision is remembered (finished ones are forgotten at once)
+
+
+class AnswerGate:
+    """Whether a vLLM request stores its answer (``stores``; ``save_decode_cache`` off:
+    never). Decided once per request, at the first call, from ``AnswerReuse`` after counting
+    the request's prompt as an arrival; ``finished`` records its answer (stored or not) and
+    forgets the request. Bounded and deterministic; engine-core thread only."""
+
+    def __init__(self, enabled: bool, reuse: AnswerReuse | None = None) -> None:
+        self.enabled = enabled
+        self.reuse = reuse if reuse is not None else AnswerReuse()
+        self._decided: dict[str, bool] = {}
+
+    def stores(self, request: Any) -> bool:
+        """Whether ``request`` (a vLLM ``Request``) saves KV and its end-of-request state past
+        its prompt."""
+        if not self.enabled:
+            return False
+        rid = request.request_id
+        got = self._decided.get(rid)
+        if got is None:
+            prompt = np.asarray(request.all_token_ids[: request.num_prompt_tokens], dtype=np.int64)
+            self.reuse.arrived(prompt)
+            got = self._decided[rid] = self.reuse.stores
+            if len(self._decided) > DECIDED:
+                del self._decided[next(iter(self._decided))]
+        return got
+
+    def finished(self, request: Any, tokens: np.ndarray) -> None:
+        """``request`` finished with ``tokens`` (prompt + output): record its answer."""
+        self._decided.pop(request.request_id, None)
+        if self.enabled:
+            self.reuse.finished(tokens, request.num_prompt_tokens)
 
 
 def wanted_states(index: CacheIndex, toks: np.ndarray, cap: int, prompt: int, block: int,

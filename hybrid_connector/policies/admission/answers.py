@@ -1,0 +1,118 @@
+"""Whether stored answers come back: an online estimate that decides answer storage.
+
+Storing a finished request's answer (the KV of its generated tokens and one exact
+end-of-request state, ``save_decode_cache``) pays off only when a later request's prompt
+extends that whole answer: the next turn of a chat, an agent's next step, a multi-round
+QA session. Where outputs never return as inputs (a Mooncake-style trace of independent
+completions) every answer byte written is lost budget that prompts' states would have
+used.
+
+``AnswerReuse`` learns which of the two a workload is, per arrival, whatever was stored:
+
+* ``finished(tokens, prompt_len)`` records each answer (prompt + output, ``n`` tokens) in
+  a bounded FIFO of ``records`` entries, keyed by ``n`` and the last ``window`` tokens, with
+  a digest of all ``n`` tokens to confirm a match. Answers not stored are recorded as well
+  (a ghost list): the estimate never depends on its own decision, so it turns storage
+  back on when answers start coming back.
+* ``arrived(tokens)`` asks, for a new request, whether its tokens extend a recorded
+  answer past its end (a hit there is the exact tail's), and updates an exponentially
+  decayed rate ``rate`` of such arrivals (weight ``1 / horizon`` per arrival; starts at 1:
+  answers are stored until evidence says otherwise).
+* ``stores`` is True while ``rate >= threshold``.
+
+Measured arrival rates (the head-to-head's traces): chat with edits 0.83, multi-round QA
+0.80, branching agents 0.69, Mooncake 0. Chat's first 24 arrivals are first turns (no
+answer to extend yet): a horizon of 16 keeps ``rate`` at 0.21 through them, while
+Mooncake's falls below 0.1 after 36 arrivals. Deterministic (exact token comparisons, no
+clocks), O(``records`` * ``window``) memory, O(distinct answer lengths) work per arrival.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+
+import numpy as np
+
+RECORDS = 1024  # answers remembered (a chat's next turn comes back within ~220 requests)
+WINDOW = 16  # tokens before an answer's end that key it
+HORIZON = 16.0  # arrivals the decayed rate averages over
+THRESHOLD = 0.1  # store answers while at least this share of arrivals extends one
+
+
+def _digest(toks: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(toks, dtype=np.int64).tobytes(),
+                           digest_size=16).digest()
+
+
+class AnswerReuse:
+    """The estimate of the module docstring. Not thread safe (the vLLM scheduler side calls
+    it from the engine-core thread only)."""
+
+    def __init__(self, records: int = RECORDS, window: int = WINDOW, horizon: float = HORIZON,
+                 threshold: float = THRESHOLD) -> None:
+        if records <= 0 or window <= 0 or horizon < 1:
+            raise ValueError(f"bad sizes: records={records} window={window} horizon={horizon}")
+        self.window, self.threshold = window, threshold
+        self._alpha = 1.0 / horizon
+        self._cap = records
+        self._fifo: deque[tuple[int, bytes]] = deque()
+        self._keys: dict[int, dict[bytes, tuple[bytes, int]]] = {}  # n -> window -> (digest, refs)
+        self.rate = 1.0
+        self.arrivals = 0
+        self.came_back = 0
+
+    @property
+    def stores(self) -> bool:
+        """Whether answers are worth storing now."""
+        return self.rate >= self.threshold
+
+    def __len__(self) -> int:
+        return len(self._fifo)
+
+    def _win(self, toks: np.ndarray, n: int) -> bytes:
+        return np.ascontiguousarray(toks[max(0, n - self.window):n], dtype=np.int64).tobytes()
+
+    def finished(self, tokens: np.ndarray, prompt_len: int) -> None:
+        """Record the answer of a finished request (``tokens``: prompt + output, the first
+        ``prompt_len`` of them the prompt); nothing when it generated no token."""
+        n = int(tokens.size)
+        if n <= prompt_len:
+            return
+        win = self._win(tokens, n)
+        by = self._keys.setdefault(n, {})
+        digest, refs = by.get(win, (_digest(tokens[:n]), 0))
+        by[win] = (digest, refs + 1)
+        self._fifo.append((n, win))
+        if len(self._fifo) > self._cap:
+            self._drop(*self._fifo.popleft())
+
+    def _drop(self, n: int, win: bytes) -> None:
+        by = self._keys[n]
+        digest, refs = by[win]
+        if refs > 1:
+            by[win] = (digest, refs - 1)
+            return
+        del by[win]
+        if not by:
+            del self._keys[n]
+
+    def extends_answer(self, tokens: np.ndarray) -> bool:
+        """Whether ``tokens`` extend a recorded answer past its end. No side effects."""
+        size = int(tokens.size)
+        for n, by in self._keys.items():
+            if n >= size:
+                continue
+            got = by.get(self._win(tokens, n))
+            if got is not None and got[0] == _digest(tokens[:n]):
+                return True
+        return False
+
+    def arrived(self, tokens: np.ndarray) -> bool:
+        """Count a new request (its prompt ``tokens``) in the rate; True when it extends a
+        recorded answer. Call once per request."""
+        back = self.extends_answer(tokens)
+        self.arrivals += 1
+        self.came_back += back
+        self.rate += self._alpha * (float(back) - self.rate)
+        return back

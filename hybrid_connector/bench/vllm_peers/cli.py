@@ -22,12 +22,21 @@ hit rate, tokens recomputed, host bytes held and written per hit token, a modele
 first token of the unscaled model on an H200 (prefill FLOPs at a stated throughput plus
 the connector's loads at a stated host-to-GPU bandwidth) and its ratio to the best of vLLM's
 connectors, scheduler time per step, who wins by how much, and where the JSON, text and PNG
-went. Needs vLLM 0.33 installed."""
+went. Needs vLLM 0.33 installed.
+
+Opt-in (--peers only, not in the default sweep), host + disk tiers: offload-fs (vLLM's
+OffloadingConnector with its TieringOffloadingSpec: the same host bytes plus its fs tier,
+vLLM's own file I/O, in a temporary directory) and ours-nvme (ours with the shipped NVMe
+tier, its disk budget what offload-fs's fs tier held in the same run, which has no
+capacity of its own; run both together). Disk I/O finishes within each engine step, and
+bytes a disk served are modeled at the NVMe rate."""
 EXAMPLES = """\
 examples:
   hybrid-connector bench vllm-peers --quick
   hybrid-connector bench vllm-peers --jobs 4
-  hybrid-connector bench vllm-peers --traces chat_edits --peers none,offload-lru,ours"""
+  hybrid-connector bench vllm-peers --traces chat_edits --peers none,offload-lru,ours
+  hybrid-connector bench vllm-peers --traces chat_edits,agentic_branch --multiples 0.25,1 \
+      --peers offload-lru,offload-fs,ours-pooled,ours-nvme"""
 
 
 def add_parser(bsub: Any) -> None:
@@ -39,7 +48,9 @@ def add_parser(bsub: Any) -> None:
     c.add_argument("--quick", action="store_true", help="two small traces, three budgets (~2 min)")
     c.add_argument("--out", help=f"directory for the results (default {DEFAULT_OUT})")
     c.add_argument("--traces", help="comma-separated subset of the traces")
-    c.add_argument("--peers", help="comma-separated subset of the connectors")
+    c.add_argument("--peers", help="comma-separated connectors (default: none, offload-lru, "
+                                    "offload-arc, simple, ours, ours-pooled; opt-in: "
+                                    "offload-fs, ours-nvme, host + disk tiers)")
     c.add_argument("--concurrency", type=int, help="requests at once (default 4; quick 2)")
     c.add_argument("--multiples", help="comma-separated host budgets as multiples of the "
                                        "working set (default 0.25,0.5,1,2,4)")
@@ -74,6 +85,13 @@ def run(args: argparse.Namespace) -> int:
     if args.multiples:
         cfg = dataclasses.replace(cfg, multiples=tuple(float(m) for m in args.multiples.split(",")))
     if args.peers:
+        from hybrid_connector.bench.vllm_peers.setups import DISK_PEERS, PEERS
+
+        unknown = sorted(set(args.peers.split(",")) - set(PEERS + DISK_PEERS))
+        if unknown:
+            print(f"bench vllm-peers: unknown peers {', '.join(unknown)}; known: "
+                  f"{', '.join(PEERS + DISK_PEERS)}", file=sys.stderr)
+            return 2
         cfg = dataclasses.replace(cfg, peers=tuple(args.peers.split(",")))
     try:
         doc = vp.run_sweep(cfg, progress=not args.no_progress, jobs=args.jobs,

@@ -46,19 +46,27 @@ def offloading_worker_class() -> type:
     class CpuOffloadingWorker(OffloadingWorker):
         """vLLM's ``OffloadingWorker`` with the copy done by the CPU (module docstring)."""
 
-        def __init__(self, kv_caches: Any, blocks_per_chunk: int, num_cpu_chunks: int) -> None:
+        def __init__(self, kv_caches: Any, blocks_per_chunk: int, num_cpu_chunks: int,
+                     region: Any = None) -> None:
             self.bpc = blocks_per_chunk
             self.refs = kv_caches.group_data_refs
+            self.region = region
             self.dev: list[torch.Tensor] = []
-            self.host: list[torch.Tensor] = []
+            self.host: list[torch.Tensor] = []  # [chunk, page of the chunk, page bytes]
             for t in kv_caches.tensors:
                 page = t.page_size_bytes
                 self.dev.append(t.tensor.view(torch.int8).view(-1, page))
-                self.host.append(torch.zeros((num_cpu_chunks * blocks_per_chunk, page),
-                                             dtype=torch.int8))
+                if region is not None:  # CPUOffloadingWorker's mmap_region path
+                    row = region.create_next_worker_view(page * blocks_per_chunk)
+                else:
+                    row = torch.zeros((num_cpu_chunks, page * blocks_per_chunk), dtype=torch.int8)
+                self.host.append(row.view(num_cpu_chunks, blocks_per_chunk, page))
             self.done: list[Any] = []
             self.loaded_bytes = 0
             self.stored_bytes = 0
+            # chunks a secondary tier wrote (promotions): their next load counts as from disk
+            self.from_disk: set[int] = set()
+            self.disk_loaded_bytes = 0
 
         def _copy(self, job_id: int, src: Any, dst: Any, to_host: bool) -> bool:
             t0 = time.perf_counter()
@@ -77,17 +85,26 @@ def offloading_worker_class() -> type:
                 s_rows = _rows(src_ids[s_off: s_off + s_n], s_per, s_skip, size)
                 d_rows = _rows(dst_ids[d_off: d_off + d_n], d_per, d_skip, size)
                 s_off, d_off = s_off + s_n, d_off + d_n
+                h_rows = d_rows if to_host else s_rows
+                hc, hs = h_rows // self.bpc, h_rows % self.bpc
+                on_disk = (sum(int(c) in self.from_disk for c in hc.tolist())
+                           if self.from_disk and not to_host else 0)
                 for ref in self.refs[g]:
-                    a = self.dev[ref.tensor_idx] if to_host else self.host[ref.tensor_idx]
-                    b = self.host[ref.tensor_idx] if to_host else self.dev[ref.tensor_idx]
+                    dev, host = self.dev[ref.tensor_idx], self.host[ref.tensor_idx]
                     n = ref.page_size_bytes  # the unpadded page, as vLLM copies it
-                    b.narrow(1, 0, n).index_copy_(0, d_rows, a.narrow(1, 0, n).index_select(0, s_rows))
+                    if to_host:
+                        host[hc, hs, :n] = dev[s_rows, :n]
+                    else:
+                        dev.narrow(1, 0, n).index_copy_(0, d_rows, host[hc, hs, :n])
                     moved += size * n
+                    self.disk_loaded_bytes += on_disk * n
             assert s_off == len(src_ids) and d_off == len(dst_ids)
             if to_host:
                 self.stored_bytes += moved
+                self.from_disk.difference_update(int(c) for c in dst_ids)
             else:
                 self.loaded_bytes += moved
+                self.from_disk.difference_update(int(c) for c in src_ids)
             self.done.append(TransferResult(job_id, True, moved, time.perf_counter() - t0))
             return True
 
@@ -105,6 +122,12 @@ def offloading_worker_class() -> type:
         def wait(self, job_ids: set[int]) -> None:
             return None  # copies are synchronous
 
+        def shutdown(self) -> None:
+            if self.region is not None:
+                self.host.clear()  # the views hold the mapping
+                self.region.cleanup()
+                self.region = None
+
     return CpuOffloadingWorker
 
 
@@ -118,6 +141,31 @@ def install_offloading_worker(connector: Any) -> None:
     def get_worker(kv_caches: Any) -> Any:
         if "w" not in holder:
             holder["w"] = cls(kv_caches, spec.blocks_per_chunk, spec.num_chunks)
+        return holder["w"]
+
+    spec.get_worker = get_worker
+
+
+def install_tiering_worker(connector: Any) -> None:
+    """The same for an ``OffloadingConnector`` with vLLM's ``TieringOffloadingSpec``: the
+    CPU-copy worker copies into the ``SharedOffloadRegion`` that the spec's own
+    ``create_worker`` maps (``tiering/spec.py``: same engine id, chunks, rank and page
+    sizes), the file whose scheduler-side mapping the primary tier hands its secondary
+    tiers, so the fs tier writes and reads the bytes this worker copies."""
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    spec = connector.connector_worker.spec
+    cls = offloading_worker_class()
+    holder: dict[str, Any] = {}
+
+    def get_worker(kv_caches: Any) -> Any:
+        if "w" not in holder:
+            rank = 0 if spec.replicated_layout else spec.config.parallel.rank
+            region = SharedOffloadRegion(
+                engine_id=spec._engine_id, num_chunks=spec.num_chunks, rank=rank,
+                kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+                cpu_page_size=spec.cpu_page_size_per_worker)
+            holder["w"] = cls(kv_caches, spec.blocks_per_chunk, spec.num_chunks, region=region)
         return holder["w"]
 
     spec.get_worker = get_worker

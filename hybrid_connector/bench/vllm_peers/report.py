@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hybrid_connector.bench.vllm_peers.disk_report import lines as disk_lines
 from hybrid_connector.bench.vllm_peers.setups import LABELS
 from hybrid_connector.bench.vllm_peers.ttft import best_vllm_ratios
 
@@ -93,6 +94,9 @@ def text(doc: dict[str, Any]) -> str:
     v = verdicts(doc)
     if v:
         parts += ["Ours against the best of vLLM's host-tier connectors (same host bytes):", *v]
+    disk = disk_lines(doc)
+    if disk:
+        parts += ["", *disk]
     return "\n".join(parts)
 
 
@@ -113,7 +117,8 @@ def _legend(doc: dict[str, Any]) -> list[str]:
             f"Modeled TTFT: {m['model']} unscaled (tokens x{m['token_factor']:g}, bytes "
             f"x{m['byte_factor']:,.0f}) on an H200: prefill FLOPs at {m['peak_bf16_tflops']:g} "
             f"TFLOP/s BF16 dense x MFU {m['mfu']:g}, the connector's loads from pinned host memory "
-            f"at {m['load_gbps']['host']:g} GB/s (PCIe Gen5 x16), + {m['overhead_ms']:g} ms per "
+            f"at {m['load_gbps']['host']:g} GB/s (PCIe Gen5 x16; bytes a disk tier served first "
+            f"read at {m['load_gbps'].get('nvme', 0):g} GB/s), + {m['overhead_ms']:g} ms per "
             "request; compute and loads added, queueing not modeled.",
             f"  Full-size bytes per hit token are the held/hit and wrtn/hit figures x{per_tok:,.0f}."]
     return out
@@ -166,7 +171,8 @@ def plot(path: Path, doc: dict[str, Any]) -> str | None:
                              squeeze=False)
     style = {"offload-lru": ("tab:blue", "--"), "offload-arc": ("tab:cyan", "--"),
              "simple": ("tab:green", ":"), "ours": ("tab:red", "-"),
-             "ours-pooled": ("tab:orange", "-")}
+             "ours-pooled": ("tab:orange", "-"), "offload-fs": ("tab:purple", "-."),
+             "ours-nvme": ("tab:brown", "-")}
     for row, (key, ylabel) in enumerate(panels):
         for ax, trace in zip(axes[row], traces, strict=True):
             rows = [r for r in doc["rows"] if r["trace"] == trace]

@@ -34,6 +34,7 @@ import numpy as np
 
 from hybrid_connector.bench.vllm_peers import engine as eng
 from hybrid_connector.bench.vllm_peers import setups as st
+from hybrid_connector.bench.vllm_peers.disk_run import DiskRun
 
 
 @dataclass(frozen=True)
@@ -91,20 +92,31 @@ def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
     cfg = eng.kv_cache_config(vc, shape.block, shape.num_blocks)
     bufs = eng.allocate(cfg)
     worker = None
+    disk = DiskRun(p.name, p.transfer) if p.name in st.DISK_PEERS and p.transfer else None
     if p.transfer is not None:
         worker = eng.make_worker(vc, cfg)
-        st.install_stand_in(p.name, worker)
+        if disk is not None:
+            disk.install(worker)
+        else:
+            st.install_stand_in(p.name, worker)
         vb.bind_backend(vc, cfg, vb.backend_class(eng.BACKEND))
-    runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND)
-    if p.name == "simple" and worker is not None:  # the engine core hands the workers' block count to the scheduler
-        vc.cache_config.simple_cpu_offload_num_blocks = worker.worker_handler.num_cpu_blocks
-    sched = eng.make_scheduler(vc, cfg, shape.block)
+    sched = None
     try:
-        out = _drive(shape, p, sched, runner, worker, records, probe_every, max_steps)
+        runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND)
+        if p.name == "simple" and worker is not None:  # the engine core hands the workers' block count to the scheduler
+            vc.cache_config.simple_cpu_offload_num_blocks = worker.worker_handler.num_cpu_blocks
+        sched = eng.make_scheduler(vc, cfg, shape.block)
+        if disk is not None:
+            disk.attach(sched, worker)
+        out = _drive(shape, p, sched, runner, worker, records, probe_every, max_steps, disk)
     finally:
         for c in (getattr(sched, "connector", None), worker):
             if c is not None:
                 c.shutdown()
+        if disk is not None:
+            closed = disk.close()
+    if disk is not None:
+        out.update(closed)
     if runner.bad:
         raise RunError(f"{p.name}: wrong bytes read: {runner.bad[:3]}")
     out["wall_s"] = time.perf_counter() - t_start
@@ -112,7 +124,16 @@ def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
 
 
 def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
-           records: list[dict[str, Any]], probe_every: int, max_steps: int) -> dict[str, Any]:
+           records: list[dict[str, Any]], probe_every: int, max_steps: int,
+           disk: DiskRun | None = None) -> dict[str, Any]:
+    def held_now() -> int:
+        return (disk.host_bytes(sched, worker) if disk is not None
+                else st.held_bytes(p.name, sched, worker))
+
+    def settle() -> None:
+        if disk is not None:
+            disk.after_step()
+
     pending: deque[tuple[str, list[int], int]] = deque()
     session_of: dict[str, str] = {}
     prompts: dict[str, int] = {}
@@ -145,6 +166,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         t2 = time.thread_time()
         eco = sched.update_from_output(so, mro)
         step_ms.append((time.thread_time() - t2 + t1 - t0) * 1e3)
+        settle()
         tally.take(eco)
         for e in eco.values():
             for o in e.outputs:
@@ -153,15 +175,18 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
                     running -= 1
         steps += 1
         if steps % probe_every == 0:
-            peak = max(peak, st.held_bytes(p.name, sched, worker))
+            peak = max(peak, held_now())
+            if disk is not None:
+                disk.probe(worker)
         if steps > max_steps:
             raise RunError(f"{p.name}: not finished after {max_steps} steps")
     for _ in range(3):  # the last saves' reports come back
         so = sched.schedule()
         tally.take(sched.update_from_output(so, runner.step(so)))
+        settle()
     if p.name.startswith("ours"):
         _settle(sched, runner, tally)
-    held = st.held_bytes(p.name, sched, worker)
+    held = held_now()
     s_loaded, s_stored = st.moved_bytes(p.name, worker)  # (0, 0) for ours: its own counters
     loaded, stored = ((tally.conn.get("loaded_bytes", 0), tally.conn.get("saved_bytes", 0))
                       if p.name.startswith("ours") else (s_loaded, s_stored))
@@ -185,6 +210,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         "standin_loaded_bytes": s_loaded, "standin_stored_bytes": s_stored,
         "external_hit_tokens": sum(e for _, _, e in detail), "per_request": detail,
         **_ours_stats(p.name, sched),
+        **(disk.finish(worker) if disk is not None else {}),
     }
 
 

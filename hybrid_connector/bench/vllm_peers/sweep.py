@@ -161,14 +161,27 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
             "reusable_share": stats["reusable_share"]}
     model = ttft.for_preset(cfg.preset, sg.divisor)
     rows: list[dict[str, Any]] = []
+    # every block of the trace once: more than any disk tier can be given to write
+    every_block = sum(math.ceil((len(r["input_tokens"]) + len(r["output_tokens"])) / block)
+                      for r in recs) * block_bytes
+    order = sorted(cfg.peers, key=lambda n: n == "ours-nvme")  # after offload-fs (its budget)
     for m, budget in budget_sweep(ws, cfg.multiples).items():
-        for name in cfg.peers:
+        fs_held: int | None = None
+        for name in order:
             if name == "none" and m != cfg.multiples[0]:
                 continue  # no connector: the budget does not matter
-            p = st.peer(name, budget, preset=cfg.preset, block=block, work=root, configs=configs)
+            disk = (fs_held or every_block) if name == "ours-nvme" else None
+            p = st.peer(name, budget, preset=cfg.preset, block=block, work=root, configs=configs,
+                        disk_budget=disk)
             r = run_one(shape, p, recs)
+            if name == "offload-fs":
+                fs_held = r["disk_peak_bytes"]
+            if disk is not None:
+                r["disk_budget"] = disk
+                r["disk_budget_from"] = "offload-fs" if fs_held else "every block of the trace"
             r.update(trace=tname, multiple=m if name != "none" else None,
-                     ttft=model.summary(r.pop("per_request"), r["loaded_bytes"]))
+                     ttft=model.summary(r.pop("per_request"), r["loaded_bytes"],
+                                        disk_bytes=r.get("disk_loaded_bytes", 0)))
             rows.append(r)
             with (root / f"rows-{tname}.jsonl").open("a") as f:  # a partial sweep is kept
                 f.write(json.dumps(r, default=str) + "\n")

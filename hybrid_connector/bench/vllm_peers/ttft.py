@@ -14,10 +14,13 @@ seconds on an H200 serving the unscaled model:
 * **loads**: the connector's loaded bytes of the run, scaled back up by the KV byte ratio
   (real KV bytes of ``divisor`` tokens over the scaled KV bytes of one: 2,112 for
   Qwen3.5-4B; a state checkpoint's own ratio is within 1% of it), at :data:`LOAD_GBPS` of
-  the tier they came from. Every load of this benchmark comes from pinned host memory
-  (vLLM's CPU-offloading connectors have no other tier; ours runs with its host tier only).
-  A run's loaded bytes are shared among its requests in proportion to their external hit
-  tokens, so the mean load time is exact and the per-request split an approximation;
+  the tier they came from: every loaded byte crosses from pinned host memory at the
+  host rate, and a byte a disk tier served (the opt-in disk peers: vLLM's fs tier promoted
+  it into its CPU tier, or ours planned it from its NVMe tier) was first read from disk at
+  the ``nvme`` rate (both stage disk reads in host memory; the two hops are added, not
+  overlapped). A run's loaded bytes are shared among its requests in proportion to their
+  external hit tokens, so the mean load time is exact and the per-request split an
+  approximation;
 * plus a fixed :data:`OVERHEAD_S` per request (scheduling, launches, the first token).
 
 Compute and loads are added (no overlap of a layer-wise load with the suffix's prefill), and
@@ -95,22 +98,24 @@ class TTFTModel:
         return scaled_bytes * self.byte_factor / (self.load_gbps[tier] * 1e9)
 
     def requests(self, detail: Sequence[tuple[int, int, int]], loaded_bytes: float,
-                 tier: str = "host") -> list[tuple[float, float]]:
+                 tier: str = "host", disk_bytes: float = 0.0) -> list[tuple[float, float]]:
         """(compute s, load s) per request of ``detail`` = (prompt, hit, external hit) in
         scaled tokens; ``loaded_bytes`` (the run's, scaled) shared in proportion to the
         external hit tokens (evenly where no request had one: loads vLLM did not count as
-        hits, e.g. failed ones, still took the link)."""
+        hits, e.g. failed ones, still took the link). ``disk_bytes`` of them were read from
+        disk first: they add their time at the ``nvme`` rate (module docstring)."""
         if not detail:
             return []
         ext = sum(e for _, _, e in detail)
         share = [e / ext for _, _, e in detail] if ext else [1 / len(detail)] * len(detail)
-        return [(self.compute_s(p, h), self.load_s(loaded_bytes * w, tier))
+        return [(self.compute_s(p, h),
+                 self.load_s(loaded_bytes * w, tier) + self.load_s(disk_bytes * w, "nvme"))
                 for (p, h, _), w in zip(detail, share, strict=True)]
 
     def summary(self, detail: Sequence[tuple[int, int, int]], loaded_bytes: float,
-                tier: str = "host") -> dict[str, float]:
+                tier: str = "host", disk_bytes: float = 0.0) -> dict[str, float]:
         """Mean, p50 and p90 modeled TTFT (ms) of a run, and the mean compute and load parts."""
-        parts = self.requests(detail, loaded_bytes, tier)
+        parts = self.requests(detail, loaded_bytes, tier, disk_bytes)
         if not parts:
             return {"mean_ms": 0.0, "p50_ms": 0.0, "p90_ms": 0.0, "compute_ms": 0.0, "load_ms": 0.0}
         comp = np.asarray([c for c, _ in parts]) * 1e3

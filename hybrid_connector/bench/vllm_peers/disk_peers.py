@@ -1,0 +1,85 @@
+"""The head-to-head's host + disk peers (opt-in through ``--peers``): their configurations.
+
+* ``offload-fs``: vLLM's ``OffloadingConnector`` with its ``TieringOffloadingSpec``
+  (``spec_name``): the CPU primary tier (``CPUPrimaryTierOffloadingManager``, LRU) of
+  ``cpu_bytes_to_use`` = the host budget, and one secondary tier ``{"type": "fs",
+  "root_dir": <a new directory under the work directory>}``, vLLM's
+  ``FileSystemTierManager`` at its defaults (16 read and 16 write threads, ``O_DIRECT``
+  where the filesystem takes it). That tier has no capacity and evicts nothing
+  (``tiering/fs/manager.py``: ``submit_store`` writes every chunk the primary tier
+  cascades to it in ``TieringOffloadingManager.complete_store``), so its disk budget is
+  whatever it ends up holding.
+* ``ours-nvme``: ``ours-pooled`` (the shipped config at the benchmark's scale, one host
+  pool for KV and states) plus the shipped config's NVMe tier: ``local_disk`` a new
+  directory under the work directory, ``disk_fsync`` / ``disk_verify_reads`` as shipped,
+  ``max_local_disk_size`` = ``disk_budget`` split ``pools.disk`` KV 2 : states 1 (the
+  shipped default split 0.6 / 0.3 without its 0.1 for anchors, which stock vLLM cannot
+  replay, so none are stored). Its disk budget is matched to ``offload-fs``: the bytes
+  ``offload-fs``'s fs tier held at the end of the same trace and host budget (its files'
+  sizes: one page-aligned chunk each); where ``offload-fs`` did not run, the sweep gives
+  the bytes of every block of the trace once (more than either can write).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: ``pools.disk``'s KV share of ``ours-nvme``'s disk budget (module docstring)
+DISK_KV_SHARE = 2 / 3
+
+
+def transfer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path,
+             disk_budget: int | None) -> dict[str, Any]:
+    """``name``'s ``KVTransferConfig`` as JSON at ``budget`` host bytes, its disk tier in a
+    new directory under ``work`` (``disk_dir`` finds it; the run removes it)."""
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-{budget}-", dir=work))
+    if name == "offload-fs":
+        extra: dict[str, Any] = {"spec_name": "TieringOffloadingSpec",
+                                 "cpu_bytes_to_use": budget, "eviction_policy": "lru",
+                                 "secondary_tiers": [{"type": "fs", "root_dir": str(root)}]}
+        return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": extra}
+    if name == "ours-nvme":
+        if disk_budget is None or disk_budget <= 0:
+            raise ValueError("ours-nvme needs a disk budget (disk_budget > 0)")
+        path = Path(f"{root}.yaml")
+        path.write_text(nvme_yaml(preset, block, budget, configs, root, disk_budget))
+        return {"kv_connector": "HybridConnector",
+                "kv_connector_module_path": "hybrid_connector.integrations.vllm",
+                "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {"config_file": str(path)}}
+    raise ValueError(f"not a disk peer: {name!r}")
+
+
+def nvme_yaml(preset: str, block: int, budget: int, configs: Path, disk: Path,
+              disk_budget: int) -> str:
+    """``ours-pooled``'s config (``setups.ours_yaml``) with the shipped NVMe tier in
+    ``disk`` at ``disk_budget`` bytes (module docstring)."""
+    from hybrid_connector.bench.vllm_peers import setups as st
+
+    cfg = yaml.safe_load(st.ours_yaml(preset, block, budget, configs, pooled=True))
+    shipped = yaml.safe_load((configs / st.SHIPPED[preset]).read_text())
+    kv = int(disk_budget * DISK_KV_SHARE)
+    cfg.update({"local_disk": str(disk), "max_local_disk_size": f"{disk_budget}B",
+                "disk_fsync": bool(shipped.get("disk_fsync", True)),
+                "disk_verify_reads": bool(shipped.get("disk_verify_reads", True))})
+    cfg["pools"]["disk"] = {"kv": f"{kv}B", "state": f"{disk_budget - kv}B", "anchor": "0B"}
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def disk_dir(name: str, transfer_cfg: dict[str, Any]) -> Path:
+    """The disk tier's directory of a disk peer's ``KVTransferConfig``."""
+    extra = transfer_cfg["kv_connector_extra_config"]
+    if name == "offload-fs":
+        return Path(extra["secondary_tiers"][0]["root_dir"])
+    cfg = yaml.safe_load(Path(extra["config_file"]).read_text())
+    return Path(cfg["local_disk"])
+
+
+def file_bytes(root: Path, suffix: str = "") -> int:
+    """Bytes of the regular files under ``root`` whose names end with ``suffix``."""
+    return sum(p.stat().st_size for p in root.rglob(f"*{suffix}") if p.is_file())

@@ -1,0 +1,70 @@
+"""The head-to-head's opt-in host + disk peers (``bench.vllm_peers.disk_peers``): vLLM's
+OffloadingConnector with its TieringOffloadingSpec and fs tier, and ours with its NVMe
+tier, on a small trace in vLLM 0.33's real Scheduler: every hit is vLLM's and byte-checked,
+both served bytes from disk (modeled at the NVMe rate), ours got the disk bytes vLLM's fs
+tier held, and their directories and vLLM's shared region are gone afterwards. The TTFT
+model's disk term is checked on constructed numbers (no vLLM needed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hybrid_connector.bench.vllm_peers import ttft
+from hybrid_connector.geometry.presets import get_preset
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_bytes_a_disk_served_add_their_read_at_the_nvme_rate() -> None:
+    m = ttft.TTFTModel(get_preset("qwen3.5-4b"), 16.5, byte_factor=1000.0, overhead_s=0.0)
+    detail = [(100, 50, 30), (100, 10, 10)]
+    host_only = m.requests(detail, 4e6)
+    both = m.requests(detail, 4e6, disk_bytes=2e6)
+    for (c0, l0), (c1, l1), w in zip(host_only, both, (0.75, 0.25), strict=True):
+        assert c0 == c1  # compute unchanged
+        assert l1 == pytest.approx(l0 + 2e6 * w * 1000.0 / (ttft.LOAD_GBPS["nvme"] * 1e9))
+    s = m.summary(detail, 4e6, disk_bytes=2e6)
+    assert s["load_ms"] == pytest.approx(1e3 * (4e9 / 25e9 + 2e9 / 6e9) / 2)
+
+
+def test_the_disk_peers_run_in_vllms_scheduler_with_checked_hits_and_disk_loads(
+        tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    from hybrid_connector.bench.vllm_peers import report as rep
+    from hybrid_connector.bench.vllm_peers import sweep as vp
+
+    assert not set(vp.st.DISK_PEERS) & set(vp.PeersConfig().peers)  # opt-in only
+    shm = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    cfg = vp.PeersConfig(traces={"chat_edits": (16, 4)}, multiples=(0.25,), concurrency=2,
+                         peers=("ours-nvme", "offload-fs"))  # ours-nvme still runs second
+    doc = vp.run_sweep(cfg, progress=False, work=tmp_path, configs=ROOT / "configs")
+    rows = {r["peer"]: r for r in doc["rows"]}
+    assert set(rows) == {"offload-fs", "ours-nvme"}
+    fs, ours = rows["offload-fs"], rows["ours-nvme"]
+    for name, r in rows.items():
+        assert r["hit_tokens"] == r["vllm_hits"], name       # vLLM's own stats agree
+        assert r["checked_tokens"] == r["hit_tokens"], name  # every hit's bytes checked
+        assert r["disk_loaded_bytes"] > 0, name              # a disk tier served some
+        assert r["disk_peak_bytes"] > 0 and r["peak_bytes"] <= r["budget"] * 1.01, name
+    # vLLM's fs tier: promotions read its files back; what it loaded from them was copied
+    assert fs["disk_read_bytes"] > 0 and fs["standin_loaded_bytes"] >= fs["disk_loaded_bytes"]
+    assert fs["disk_held_bytes"] == fs["disk_peak_bytes"]  # it never evicts
+    # ours: the disk budget is what vLLM's fs tier held, and it stayed inside it
+    assert ours["disk_budget"] == fs["disk_peak_bytes"]
+    assert ours["disk_budget_from"] == "offload-fs"
+    assert ours["disk_peak_bytes"] <= ours["disk_budget"]
+    assert ours["ours"]["failed_loads"] == 0 and ours["ours"]["hits_without_state"] == 0
+    m = ttft.for_preset(doc["config"]["preset"], doc["geometry"]["divisor"])
+    for name, r in rows.items():  # the disk's bytes are modeled at the NVMe rate
+        n = r["requests"]
+        want = (m.load_s(r["loaded_bytes"]) + m.load_s(r["disk_loaded_bytes"], "nvme")) / n
+        assert r["ttft"]["load_ms"] == pytest.approx(want * 1e3), name
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(("offload-fs-", "ours-nvme-"))]
+    if shm:
+        assert not {f for f in os.listdir("/dev/shm") if f.startswith("vllm_offload_")} - shm
+    out = rep.text(doc)
+    assert "Disk tiers" in out and "fs tier" in out

@@ -32,10 +32,12 @@ import yaml
 DISK_KV_SHARE = 2 / 3
 
 
-def transfer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path,
+def transfer(name: str, budget: int, *, work: Path, ours: str, shipped: Path,
              disk_budget: int | None) -> dict[str, Any]:
     """``name``'s ``KVTransferConfig`` as JSON at ``budget`` host bytes, its disk tier in a
-    new directory under ``work`` (``disk_dir`` finds it; the run removes it)."""
+    new directory under ``work`` (``disk_dir`` finds it; the run removes it). ``ours``:
+    ``ours-pooled``'s YAML at this budget (``setups.ours_yaml``), ``shipped`` the shipped
+    config it came from."""
     root = Path(tempfile.mkdtemp(prefix=f"{name}-{budget}-", dir=work))
     if name == "offload-fs":
         extra: dict[str, Any] = {"spec_name": "TieringOffloadingSpec",
@@ -47,7 +49,7 @@ def transfer(name: str, budget: int, *, preset: str, block: int, work: Path, con
         if disk_budget is None or disk_budget <= 0:
             raise ValueError("ours-nvme needs a disk budget (disk_budget > 0)")
         path = Path(f"{root}.yaml")
-        path.write_text(nvme_yaml(preset, block, budget, configs, root, disk_budget))
+        path.write_text(nvme_yaml(ours, shipped, root, disk_budget))
         return {"kv_connector": "HybridConnector",
                 "kv_connector_module_path": "hybrid_connector.integrations.vllm",
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
@@ -55,14 +57,11 @@ def transfer(name: str, budget: int, *, preset: str, block: int, work: Path, con
     raise ValueError(f"not a disk peer: {name!r}")
 
 
-def nvme_yaml(preset: str, block: int, budget: int, configs: Path, disk: Path,
-              disk_budget: int) -> str:
-    """``ours-pooled``'s config (``setups.ours_yaml``) with the shipped NVMe tier in
-    ``disk`` at ``disk_budget`` bytes (module docstring)."""
-    from hybrid_connector.bench.vllm_peers import setups as st
-
-    cfg = yaml.safe_load(st.ours_yaml(preset, block, budget, configs, pooled=True))
-    shipped = yaml.safe_load((configs / st.SHIPPED[preset]).read_text())
+def nvme_yaml(ours: str, shipped_path: Path, disk: Path, disk_budget: int) -> str:
+    """``ours-pooled``'s YAML ``ours`` with the NVMe tier of the shipped config at
+    ``shipped_path`` in ``disk`` at ``disk_budget`` bytes (module docstring)."""
+    cfg = yaml.safe_load(ours)
+    shipped = yaml.safe_load(shipped_path.read_text())
     kv = int(disk_budget * DISK_KV_SHARE)
     cfg.update({"local_disk": str(disk), "max_local_disk_size": f"{disk_budget}B",
                 "disk_fsync": bool(shipped.get("disk_fsync", True)),

@@ -101,8 +101,9 @@ def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs
     if name in DISK_PEERS:
         from hybrid_connector.bench.vllm_peers import disk_peers
 
-        return Peer(name, budget, disk_peers.transfer(name, budget, preset=preset, block=block,
-                                                      work=work, configs=configs,
+        base = ours_yaml(preset, block, budget, configs, pooled=True)
+        return Peer(name, budget, disk_peers.transfer(name, budget, work=work, ours=base,
+                                                      shipped=configs / SHIPPED[preset],
                                                       disk_budget=disk_budget))
     if name == "none":
         return Peer(name, budget, None)

@@ -288,10 +288,11 @@ class CacheIndex(IndexCore):
                 self.issue(out)
         self.deliver_foreign_drops()
 
-    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> None:
+    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None,
+               start: tuple[int, int] | None = None) -> None:
         """See ``Saver.finish``; the ops it leaves go to ``drain``."""
         with self.lock:
-            self.issue(self.saver.finish(tokens, prompt_len))
+            self.issue(self.saver.finish(tokens, prompt_len, start))
 
     # ---------------------------------------------------------------- sharing
     def discover(self, tokens: Sequence[int] | np.ndarray, hashes: Hashes | None = None,

@@ -154,10 +154,7 @@ class Saver:
             tid, self._next = self._next, self._next + 1
             first_new = ix.tree.next_id
             top = max((sp.end for sp in specs if sp.end <= arr.size), default=0)
-            hint = ix.tree.node(start[0]) if start else None
-            if hint is not None and start is not None and (hint.depth != start[1] or hint.depth > top):
-                hint = None  # gone, merged into another node, or past this save
-            leaf = ix.tree.insert_tokens(arr[:top], start=hint)
+            leaf = ix.tree.insert_tokens(arr[:top], start=self._hint(start, top))
             ix.tree.lock_kv(leaf)  # keep the path alive while we evict for room
             try:
                 cand = {i: ObjectKey(ix.fingerprint, hasher.at(specs[i].end), specs[i].kind,
@@ -207,6 +204,15 @@ class Saver:
         ticket = SaveTicket(tid, tuple(out.ops), tuple(keys), present, tuple(refused), evicted,
                             puts, (survivor.id, survivor.depth), metas)
         return ticket, out.foreign
+
+    def _hint(self, start: tuple[int, int] | None, top: int) -> Node | None:
+        """The live node a request's previous ticket ended at (``SaveTicket.leaf``: node
+        id, depth), where a walk over its ``top`` first tokens may resume; None when it is
+        gone, merged into another node (its depth changed) or lies past ``top``."""
+        hint = self.ix.tree.node(start[0]) if start else None
+        if hint is None or start is None or hint.depth != start[1] or hint.depth > top:
+            return None
+        return hint
 
     def _place(self, leaf: Node, key: ObjectKey, nbytes: int,
                puts: dict[int, tuple[ObjectKey, bool]], meta: ObjectMeta | None,
@@ -308,12 +314,15 @@ class Saver:
             return True
         return self.ix.admission.admit_final(num_tokens)
 
-    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None) -> Effects:
+    def finish(self, tokens: Sequence[int] | np.ndarray, prompt_len: int | None = None,
+               start: tuple[int, int] | None = None) -> Effects:
         """End of a request whose last objects were saved: release KV on its path that can
         no longer produce a hit, and tell the eviction policy about the request
-        (``prompt_len``: how many of ``tokens`` were the prompt, default all). An empty
-        request is a no-op. Returns the removals of the KV released. Raises ValueError for
-        ``prompt_len`` outside [0, len]."""
+        (``prompt_len``: how many of ``tokens`` were the prompt, default all). ``start``:
+        the ``leaf`` of the request's last ticket, where the walk to its deepest node
+        resumes (as in ``begin``; ignored when that node is gone or changed depth). An
+        empty request is a no-op. Returns the removals of the KV released. Raises
+        ValueError for ``prompt_len`` outside [0, len]."""
         ix = self.ix
         arr = as_tokens(tokens)
         plen = int(arr.size) if prompt_len is None else prompt_len
@@ -322,7 +331,7 @@ class Saver:
         if arr.size == 0:
             return Effects()
         with ix.lock:
-            m = ix.tree.match_tokens(arr)
+            m = ix.tree.match_tokens(arr, self._hint(start, int(arr.size)))
             out = self.reclaim.prune_upward(m.node)
             if plen:
                 ix.eviction.on_request(arr, plen)

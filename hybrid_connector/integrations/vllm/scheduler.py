@@ -253,7 +253,10 @@ class SchedulerSide:
         block); None when the index wants none of them."""
         request = rec.request
         hashes = rec.engine_hashes(self.hash_block, request.block_hashes, toks)
-        ticket = self.index.begin_save(toks, specs, hashes=hashes)
+        # the radix insert resumes where this request's previous save ended (its tokens
+        # only grow, so that node still leads to them), not from the root
+        ticket = self.index.begin_save(toks, specs, hashes=hashes, start=rec.leaf)
+        rec.leaf = ticket.leaf
         objects = []
         for key, sp in zip(ticket.keys, specs, strict=True):
             if key is None:
@@ -389,8 +392,8 @@ class SchedulerSide:
         forget the request (its other saves are copied already). True: keep its blocks."""
         held = self.finish_tail(request, block_ids) if block_ids else False
         toks = self.tokens(request)
-        self._progress.pop(request.request_id, None)
-        self.index.finish(toks, request.num_prompt_tokens)
+        rec = self._progress.pop(request.request_id, None)
+        self.index.finish(toks, request.num_prompt_tokens, start=rec.leaf if rec else None)
         return held
 
     def close(self) -> None:

@@ -86,13 +86,17 @@ class RadixTree:
         path: list[Node] = []
         if pos == size:
             return MatchResult(pos, node, (), None, None)
-        raw = arr.tobytes()  # one copy; each edge is then one bytes comparison (8 per token)
+        # one copy of the tokens past ``start`` (a resumed walk copies only what it walks);
+        # each edge is then one bytes comparison (8 bytes per token)
+        base = pos
+        raw = arr[base:].tobytes()
         while pos < size:
             child = node.children.get(int(arr[pos]))
             if child is None:
                 break
             edge = child.edge_bytes
-            if edge != raw[8 * pos : 8 * pos + len(edge)]:
+            off = 8 * (pos - base)
+            if edge != raw[off : off + len(edge)]:
                 # Stopped inside the edge (or the query ends inside it): inserting the query
                 # would split here.
                 n = min(len(edge) // 8, size - pos)

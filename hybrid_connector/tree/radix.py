@@ -86,8 +86,7 @@ class RadixTree:
         path: list[Node] = []
         if pos == size:
             return MatchResult(pos, node, (), None, None)
-        # one copy of the tokens past ``start`` (a resumed walk copies only what it walks);
-        # each edge is then one bytes comparison (8 bytes per token)
+        # one copy of the tokens past ``start``; each edge is then one bytes comparison
         base = pos
         raw = arr[base:].tobytes()
         while pos < size:

@@ -251,10 +251,8 @@ class SchedulerSide:
              state_blocks: Mapping[int, Mapping[int, int]]) -> SaveJob | None:
         """Begin saving ``specs`` (a state at q copied from ``state_blocks[q]``: group ->
         block); None when the index wants none of them."""
-        request = rec.request
-        hashes = rec.engine_hashes(self.hash_block, request.block_hashes, toks)
-        # the radix insert resumes where this request's previous save ended (its tokens
-        # only grow, so that node still leads to them), not from the root
+        hashes = rec.engine_hashes(self.hash_block, rec.request.block_hashes, toks)
+        # the radix walk resumes where the request's last save ended (its tokens only grow)
         ticket = self.index.begin_save(toks, specs, hashes=hashes, start=rec.leaf)
         rec.leaf = ticket.leaf
         objects = []
@@ -268,7 +266,7 @@ class SchedulerSide:
             self.gather.forget_ticket(ticket.id)
             return None
         self._open[ticket.id] = set(range(len(ticket.ops)))
-        return SaveJob(request.request_id, self.gather.expect(ticket), tuple(objects), block_ids)
+        return SaveJob(rec.request_id, self.gather.expect(ticket), tuple(objects), block_ids)
 
     def partial_tail(self, request: Any, offloads: list[tuple[int, int, int]]) -> None:
         """vLLM's ``register_finished_partial_tail``: the exact blocks holding the state at

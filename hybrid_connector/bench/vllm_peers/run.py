@@ -19,7 +19,10 @@ recorded tokens (``runner``). Measured per run:
   ``loaded_bytes`` / ``saved_bytes`` as vLLM's ``SchedulerStats`` carry them);
 * ``per_request``: (prompt, hit, external hit) tokens per request, the external part from
   vLLM's ``PrefillStats`` (what ``ttft`` models the time to first token from), and
-  ``external_hit_tokens`` their sum (the hit tokens the connector served).
+  ``external_hit_tokens`` their sum (the hit tokens the connector served);
+* the host + disk peers (``disk_run``): ``held_bytes`` / ``peak_bytes`` count the host tier
+  only, and ``disk_held_bytes``, ``disk_peak_bytes``, ``disk_file_bytes``,
+  ``disk_loaded_bytes`` (bytes a disk tier served into vLLM's blocks) come with them.
 """
 
 from __future__ import annotations

@@ -79,3 +79,27 @@ def test_bad_sizes_are_refused() -> None:
         AnswerReuse(records=0)
     with pytest.raises(ValueError):
         AnswerReuse(horizon=0.5)
+
+
+def test_answers_evicted_before_their_reuse_are_stored_one_in_four() -> None:
+    """Answers come back but their states were gone (a tight budget): below 0.6 survival
+    only every 4th answer is stored; survivals bring storage back."""
+    est = AnswerReuse(survival_horizon=2.0)
+    assert [est.decide() for _ in range(3)] == [True] * 3
+    est.survived(False)  # 0.5
+    assert [est.decide() for _ in range(8)] == [False, False, False, True] * 2
+    est.survived(True)  # 0.75
+    assert est.decide()
+    est.rate = 0.05  # answers no longer come back: nothing stored, whatever survives
+    assert not est.decide()
+
+
+def test_the_stored_flag_is_recorded_per_answer() -> None:
+    est = AnswerReuse()
+    a = np.concatenate([_toks(1, 40), _toks(2, 8)])
+    b = np.concatenate([_toks(3, 40), _toks(4, 8)])
+    est.finished(a, 40, stored=False)
+    est.finished(b, 40, stored=True)
+    assert est.arrived(np.concatenate([a, [1]])) == (48, False)
+    assert est.arrived(np.concatenate([b, [1]])) == (48, True)
+    assert est.arrived(_toks(5, 60)) is None and est.came_back == 2

@@ -99,7 +99,7 @@ def _gate(sched: Any) -> Any:
     side = sched.connector.sched
     if not hasattr(side, "answers"):
         pytest.skip("integrations/vllm/scheduler.py does not consult AnswerGate yet")
-    side.answers = AnswerGate(True, AnswerReuse(horizon=2.0))
+    side.answers = AnswerGate(True, side.index, AnswerReuse(horizon=2.0))
     return side.answers
 
 

@@ -41,12 +41,16 @@ DECIDED = 65536  # requests whose decision is remembered (finished ones are forg
 
 class AnswerGate:
     """Whether a vLLM request stores its answer (``stores``; ``save_decode_cache`` off:
-    never). Decided once per request, at the first call, from ``AnswerReuse`` after counting
-    the request's prompt as an arrival; ``finished`` records its answer (stored or not) and
-    forgets the request. Bounded and deterministic; engine-core thread only."""
+    never). Decided once per request, at the first call, by ``AnswerReuse.decide`` after
+    counting the request's prompt as an arrival (and, when it extends a stored answer,
+    whether ``index`` still holds that answer's end-of-request state: its survival);
+    ``finished`` records its answer (stored or not) and forgets the request. Bounded and
+    deterministic; engine-core thread only."""
 
-    def __init__(self, enabled: bool, reuse: AnswerReuse | None = None) -> None:
+    def __init__(self, enabled: bool, index: CacheIndex | None = None,
+                 reuse: AnswerReuse | None = None) -> None:
         self.enabled = enabled
+        self.index = index
         self.reuse = reuse if reuse is not None else AnswerReuse()
         self._decided: dict[str, bool] = {}
 
@@ -59,17 +63,21 @@ class AnswerGate:
         got = self._decided.get(rid)
         if got is None:
             prompt = np.asarray(request.all_token_ids[: request.num_prompt_tokens], dtype=np.int64)
-            self.reuse.arrived(prompt)
-            got = self._decided[rid] = self.reuse.stores
+            back = self.reuse.arrived(prompt)
+            if back is not None and back[1] and self.index is not None:
+                # the tail sits at the request's last computed token: its last one is not
+                plan = self.index.lookup(prompt, alignment=1, replay=False)
+                self.reuse.survived(max(plan.num_tokens, plan.pending_tokens) >= back[0] - 1)
+            got = self._decided[rid] = self.reuse.decide()
             if len(self._decided) > DECIDED:
                 del self._decided[next(iter(self._decided))]
         return got
 
     def finished(self, request: Any, tokens: np.ndarray) -> None:
         """``request`` finished with ``tokens`` (prompt + output): record its answer."""
-        self._decided.pop(request.request_id, None)
+        stored = self._decided.pop(request.request_id, False)
         if self.enabled:
-            self.reuse.finished(tokens, request.num_prompt_tokens)
+            self.reuse.finished(tokens, request.num_prompt_tokens, stored)
 
 
 def wanted_states(index: CacheIndex, toks: np.ndarray, cap: int, prompt: int, block: int,

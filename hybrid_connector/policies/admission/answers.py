@@ -18,7 +18,14 @@ used.
   answer past its end (a hit there is the exact tail's), and updates an exponentially
   decayed rate ``rate`` of such arrivals (weight ``1 / horizon`` per arrival; starts at 1:
   answers are stored until evidence says otherwise).
-* ``stores`` is True while ``rate >= threshold``.
+* ``survived(ok)``: for an arrival that extends a *stored* answer, whether the host tier
+  still held the answer's end-of-request state (``survival``, decayed over
+  ``survival_horizon`` such arrivals, starting at 1). At a tight budget most answers are
+  evicted before their next turn (chat at 1x the working set: 43% survive, 76% at 2x,
+  94% at 4x), and each one written cost the room of ~94 tokens of KV.
+* ``decide()``: store an answer while ``rate >= threshold`` and
+  ``survival >= survival_threshold``; below the latter, every ``explore``-th answer
+  only (those keep ``survival`` measured, so storage resumes when room frees up).
 
 Measured arrival rates (the head-to-head's traces): chat with edits 0.83, multi-round QA
 0.80, branching agents 0.69, Mooncake 0. Chat's first 24 arrivals are first turns (no
@@ -38,6 +45,9 @@ RECORDS = 1024  # answers remembered (a chat's next turn comes back within ~220 
 WINDOW = 16  # tokens before an answer's end that key it
 HORIZON = 16.0  # arrivals the decayed rate averages over
 THRESHOLD = 0.1  # store answers while at least this share of arrivals extends one
+SURVIVAL_HORIZON = 32.0  # arrivals on stored answers the survival rate averages over
+SURVIVAL_THRESHOLD = 0.6  # below this share of stored answers surviving to their reuse ...
+EXPLORE = 4  # ... only every 4th answer is stored
 
 
 def _digest(toks: np.ndarray) -> bytes:
@@ -50,22 +60,39 @@ class AnswerReuse:
     it from the engine-core thread only)."""
 
     def __init__(self, records: int = RECORDS, window: int = WINDOW, horizon: float = HORIZON,
-                 threshold: float = THRESHOLD) -> None:
-        if records <= 0 or window <= 0 or horizon < 1:
-            raise ValueError(f"bad sizes: records={records} window={window} horizon={horizon}")
+                 threshold: float = THRESHOLD, survival_horizon: float = SURVIVAL_HORIZON,
+                 survival_threshold: float = SURVIVAL_THRESHOLD, explore: int = EXPLORE) -> None:
+        if records <= 0 or window <= 0 or horizon < 1 or survival_horizon < 1 or explore < 1:
+            raise ValueError(f"bad sizes: records={records} window={window} horizon={horizon} "
+                             f"survival_horizon={survival_horizon} explore={explore}")
         self.window, self.threshold = window, threshold
+        self.survival_threshold, self.explore = survival_threshold, explore
         self._alpha = 1.0 / horizon
+        self._beta = 1.0 / survival_horizon
+        self._tick = 0
         self._cap = records
         self._fifo: deque[tuple[int, bytes]] = deque()
-        self._keys: dict[int, dict[bytes, tuple[bytes, int]]] = {}  # n -> window -> (digest, refs)
+        # n -> window -> (digest, refs, stored)
+        self._keys: dict[int, dict[bytes, tuple[bytes, int, bool]]] = {}
         self.rate = 1.0
+        self.survival = 1.0
         self.arrivals = 0
         self.came_back = 0
 
     @property
     def stores(self) -> bool:
-        """Whether answers are worth storing now."""
+        """Whether answers come back often enough to store them (room aside)."""
         return self.rate >= self.threshold
+
+    def decide(self) -> bool:
+        """Whether the next answer is stored (``stores``, then the room rule of the module
+        docstring; an explored answer counts every call)."""
+        if not self.stores:
+            return False
+        if self.survival >= self.survival_threshold:
+            return True
+        self._tick += 1
+        return self._tick % self.explore == 0
 
     def __len__(self) -> int:
         return len(self._fifo)
@@ -73,46 +100,53 @@ class AnswerReuse:
     def _win(self, toks: np.ndarray, n: int) -> bytes:
         return np.ascontiguousarray(toks[max(0, n - self.window):n], dtype=np.int64).tobytes()
 
-    def finished(self, tokens: np.ndarray, prompt_len: int) -> None:
+    def finished(self, tokens: np.ndarray, prompt_len: int, stored: bool = True) -> None:
         """Record the answer of a finished request (``tokens``: prompt + output, the first
-        ``prompt_len`` of them the prompt); nothing when it generated no token."""
+        ``prompt_len`` of them the prompt; ``stored``: whether it was stored); nothing when it
+        generated no token."""
         n = int(tokens.size)
         if n <= prompt_len:
             return
         win = self._win(tokens, n)
         by = self._keys.setdefault(n, {})
-        digest, refs = by.get(win, (_digest(tokens[:n]), 0))
-        by[win] = (digest, refs + 1)
+        digest, refs, was = by.get(win, (_digest(tokens[:n]), 0, False))
+        by[win] = (digest, refs + 1, was or stored)
         self._fifo.append((n, win))
         if len(self._fifo) > self._cap:
             self._drop(*self._fifo.popleft())
 
     def _drop(self, n: int, win: bytes) -> None:
         by = self._keys[n]
-        digest, refs = by[win]
+        digest, refs, stored = by[win]
         if refs > 1:
-            by[win] = (digest, refs - 1)
+            by[win] = (digest, refs - 1, stored)
             return
         del by[win]
         if not by:
             del self._keys[n]
 
-    def extends_answer(self, tokens: np.ndarray) -> bool:
-        """Whether ``tokens`` extend a recorded answer past its end. No side effects."""
-        size = int(tokens.size)
+    def extends_answer(self, tokens: np.ndarray) -> tuple[int, bool] | None:
+        """The length and stored flag of the longest recorded answer ``tokens`` extend past
+        its end; None when they extend none. No side effects."""
+        size, best = int(tokens.size), None
         for n, by in self._keys.items():
-            if n >= size:
+            if n >= size or (best is not None and n <= best[0]):
                 continue
             got = by.get(self._win(tokens, n))
             if got is not None and got[0] == _digest(tokens[:n]):
-                return True
-        return False
+                best = (n, got[2])
+        return best
 
-    def arrived(self, tokens: np.ndarray) -> bool:
-        """Count a new request (its prompt ``tokens``) in the rate; True when it extends a
-        recorded answer. Call once per request."""
+    def arrived(self, tokens: np.ndarray) -> tuple[int, bool] | None:
+        """Count a new request (its prompt ``tokens``) in the rate; returns
+        ``extends_answer``. Call once per request."""
         back = self.extends_answer(tokens)
         self.arrivals += 1
-        self.came_back += back
-        self.rate += self._alpha * (float(back) - self.rate)
+        self.came_back += back is not None
+        self.rate += self._alpha * (float(back is not None) - self.rate)
         return back
+
+    def survived(self, ok: bool) -> None:
+        """An arrival extended a stored answer: ``ok`` when its end-of-request state was
+        still held."""
+        self.survival += self._beta * (float(ok) - self.survival)

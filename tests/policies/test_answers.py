@@ -81,14 +81,15 @@ def test_bad_sizes_are_refused() -> None:
         AnswerReuse(horizon=0.5)
 
 
-def test_answers_evicted_before_their_reuse_are_stored_one_in_four() -> None:
-    """Answers come back but their states were gone (a tight budget): below 0.6 survival
-    only every 4th answer is stored; survivals bring storage back."""
+def test_answers_evicted_before_their_reuse_are_stored_one_in_two() -> None:
+    """Answers come back but their states were gone (a tight budget): below 0.5 survival
+    only every 2nd answer is stored; survivals bring storage back."""
     est = AnswerReuse(survival_horizon=2.0)
     assert [est.decide() for _ in range(3)] == [True] * 3
-    est.survived(False)  # 0.5
-    assert [est.decide() for _ in range(8)] == [False, False, False, True] * 2
-    est.survived(True)  # 0.75
+    est.survived(False)
+    est.survived(False)  # 0.25
+    assert [est.decide() for _ in range(6)] == [False, True] * 3
+    est.survived(True)  # 0.625
     assert est.decide()
     est.rate = 0.05  # answers no longer come back: nothing stored, whatever survives
     assert not est.decide()

@@ -46,8 +46,8 @@ WINDOW = 16  # tokens before an answer's end that key it
 HORIZON = 16.0  # arrivals the decayed rate averages over
 THRESHOLD = 0.1  # store answers while at least this share of arrivals extends one
 SURVIVAL_HORIZON = 32.0  # arrivals on stored answers the survival rate averages over
-SURVIVAL_THRESHOLD = 0.6  # below this share of stored answers surviving to their reuse ...
-EXPLORE = 4  # ... only every 4th answer is stored
+SURVIVAL_THRESHOLD = 0.5  # below this share of stored answers surviving to their reuse ...
+EXPLORE = 2  # ... only every 2nd answer is stored
 
 
 def _digest(toks: np.ndarray) -> bytes:

@@ -37,6 +37,7 @@ from pydantic import (
 
 from hybrid_connector.core.config_server import ClientSettings, ServerSettings
 from hybrid_connector.core.config_types import PoolBudget, Pools, Strict, TierReadRates
+from hybrid_connector.core.load_gate_config import LoadGate
 from hybrid_connector.core.remote_url import CLUSTER, check_remote_url, scheme_of
 from hybrid_connector.core.sizes import Bytes, parse_size
 
@@ -70,9 +71,7 @@ NOT_HONOURED = ("use_layerwise",)
 # Tier keys that used to be read from ``extra_config``; moved to typed top-level keys.
 LEGACY_EXTRA = ("disk_zstd", "disk_fsync", "disk_verify_reads", "remote_timeout_s")
 
-
 TIERS = ("device", "host", "disk", "remote")
-
 
 class HybridConfig(Strict):
     """The whole configuration. Immutable; build with ``load_config``."""
@@ -150,6 +149,7 @@ class HybridConfig(Strict):
     tier_read_gbps: TierReadRates = TierReadRates()
     recompute_tflops: float = Field(445.0, gt=0.0, allow_inf_nan=False)  # effective prefill rate (989 TFLOP/s x MFU 0.45)
     tier_value_window: int = Field(16, ge=1, le=4096)  # candidates scored per eviction
+    load_gate: LoadGate = LoadGate()  # refuse slow loads recomputing beats (load_gate_config.py)
     # LMCache key: the deadline of a lookup's remote part (discovering what other
     # instances stored on the shared tier)
     lookup_timeout_ms: int = Field(3000, gt=0, le=600_000)

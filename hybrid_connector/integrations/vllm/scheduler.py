@@ -3,12 +3,12 @@ process, answering vLLM's hit queries under the hit rule and turning vLLM's step
 load and save jobs for the TP workers (``RankGather`` merges their reports).
 
 Hits (``match``): exact only (stock vLLM cannot replay anchors), at a block boundary or at
-a saved end-of-request state (below), below the request's token count
-(vLLM recomputes the last token), deeper than the engine's own hit; reported as async so
-the state lands in its block before ``preprocess_mamba`` copies it to the running block.
-Saves (``saves_for``): KV chunks on the ``chunk_size`` grid (cut at kept checkpoints) as
-their tokens are computed, and states only at the boundaries vLLM offers
-(``boundary_state_offloads``, exact block ids), of which few are kept (``checkpoints``:
+a saved end-of-request state (below), below the request's token count (vLLM recomputes the
+last token), deeper than the engine's own hit; reported as async so the state lands in its
+block before ``preprocess_mamba`` copies it to the running block. Saves (``saves_for``): KV
+chunks on the ``chunk_size`` grid (cut at kept checkpoints) as their tokens are computed,
+and states only at the boundaries vLLM offers (``boundary_state_offloads``, exact block
+ids), of which few are kept (``checkpoints``: answers only while ``AnswerGate`` stores them;
 admission's positions, the prompt's last boundary). The workers copy both out of the blocks in
 ``wait_for_save`` of the same step, so vLLM never has to hold blocks for a save, except for
 one: the exact end-of-request state (``finish_tail``, Marconi's input+output checkpoint).
@@ -37,7 +37,7 @@ from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.index.plan import LoadPlan, ObjectSpec
-from hybrid_connector.integrations.vllm.checkpoints import never_wanted, wanted_states
+from hybrid_connector.integrations.vllm.checkpoints import AnswerGate, never_wanted, wanted_states
 from hybrid_connector.integrations.vllm.junctions import offer_junction
 from hybrid_connector.integrations.vllm.meta import (
     Held,
@@ -104,13 +104,11 @@ class SchedulerSide:
         self.groups = groups
         self.bs = groups.block_size
         self.hash_block = hash_block_size
-        # a recurrent model's hits land on saved states, which sit at block boundaries or at
-        # an end-of-request tail (any position); KV-only hits stay on the block grid
+        # recurrent hits land on saved states (block boundaries or an exact tail): any position
         self.hit_align = 1 if groups.recurrent else self.bs
         self.index: CacheIndex = assemble.index(config, geometry, Backend(tier_specs(config)),
                                                 layout=dict(layout))
         self.gather = RankGather(self.index, world_size)
-        # other instances' objects on the shared tier are found through its manifests
         self.index.shared_view = shared_view(config)  # type: ignore[assignment]
         self.stats = Counters()
         self._progress: dict[str, Tracked] = {}  # request id -> its progress
@@ -123,6 +121,7 @@ class SchedulerSide:
         self._recurrent = frozenset(groups.recurrent_groups)
         self._kvb = self.index.geometry.kv_bytes_per_token()
         self._sb = self.index.geometry.state_bytes()
+        self.answers = AnswerGate(config.save_decode_cache, self.index)  # checkpoints.py
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
@@ -208,7 +207,7 @@ class SchedulerSide:
         full = [q for q in rec.open_offers if 0 < q <= upto and len(rec.offers[q]) == n_groups]
         if not full:
             return []
-        prompt, answers = rec.request.num_prompt_tokens, self.config.save_decode_cache
+        prompt, answers = rec.request.num_prompt_tokens, self.answers.stores(rec.request)
         want = wanted_states(self.index, toks, cap, prompt, self.bs, answers, full) \
             if min(full) <= prompt else set()  # every wanted position lies in the prompt
         got = sorted(q for q in full if q in want)
@@ -223,7 +222,7 @@ class SchedulerSide:
         rec = self._progress.get(request.request_id)
         if rec is None:
             return None
-        cap = end if self.config.save_decode_cache else min(end, request.num_prompt_tokens)
+        cap = end if self.answers.stores(request) else min(end, request.num_prompt_tokens)
         chunk = self.config.chunk_size
         kv_from = rec.kv_saved
         kvb = self._kvb
@@ -290,7 +289,7 @@ class SchedulerSide:
             return False
         n = request.num_computed_tokens
         vllm_blocks, rec.tail_blocks = rec.tail_blocks, None
-        cap = n if self.config.save_decode_cache else min(n, request.num_prompt_tokens)
+        cap = n if self.answers.stores(request) else min(n, request.num_prompt_tokens)
         if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
                 or n in rec.states_saved):
             return False
@@ -391,6 +390,7 @@ class SchedulerSide:
         held = self.finish_tail(request, block_ids) if block_ids else False
         toks = self.tokens(request)
         rec = self._progress.pop(request.request_id, None)
+        self.answers.finished(request, toks)
         self.index.finish(toks, request.num_prompt_tokens, start=rec.leaf if rec else None)
         return held
 

@@ -94,6 +94,7 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         joint_pool: bool = False,
         score: str = "sum",
         scan_resistant: bool = False,
+        fallback_first: bool = False,
     ) -> None:
         if alpha is not None and alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
@@ -106,6 +107,7 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         self.refresh_path = refresh_path
         self.joint_pool = joint_pool
         self.scan_resistant = scan_resistant
+        self.fallback_first = fallback_first  # marconi_victims: off until it is safe
         self.tuner: Tuner | None = None
         self._tuner_factory = tuner_factory
         self._prelog: deque[tuple[np.ndarray, int]] = deque(maxlen=PRELOG)
@@ -127,6 +129,7 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         self._now = 0.0
         self._requests = 0
         self._bind_rules(evictable)
+        self._shadow_pick = None
 
     # -------------------------------------------------------------------- hooks
     def on_access(self, path: Sequence[Node], now: float) -> None:
@@ -159,6 +162,9 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         if kind is not ObjectKind.ANCHOR:
             self._first_eviction()
         victim = self._stranded_victim() if kind is ObjectKind.KV else None
+        pick, self._shadow_pick = self._shadow_pick, None  # set by ``victim_kinds``
+        if kind is ObjectKind.STATE and pick is not None and self.tree.node(pick.id) is pick:
+            victim = pick
         if victim is None:
             victim = self._choose_guarded(kind)
         if victim is not None:
@@ -184,7 +190,8 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         if self._stranded_victim() is not None:
             return first_kind(ObjectKind.KV, kinds)  # bytes no hit can use go before any other
         if not self.joint_pool:
-            return self._whole_leaf(kinds, kinds)
+            order = self._whole_leaf(kinds, kinds)
+            return first_kind(ObjectKind.STATE, kinds) if self._fallback_first(order) else order
         best: dict[ObjectKind, tuple[float, float]] = {}
         t_ends: list[float] = []
         e_ends: list[float] = []

@@ -3,7 +3,9 @@
 Requests arrive closed-loop in trace order: up to ``concurrency`` run at once, and a
 request waits while an earlier request of its session is still running (its prompt holds
 that request's answer). Each request asks for its recorded answer's length and samples the
-recorded tokens (``runner``). Measured per run:
+recorded tokens (``runner``). After each engine step ours waits for its worker's tier ops
+(``WorkerSide.flush``), as the peers' stand-ins finish every job in the step that issued
+it, so a run does not depend on thread speed and repeats exactly. Measured per run:
 
 * ``hit_tokens``: per request, ``num_computed_tokens`` when vLLM first schedules it (vLLM's
   local prefix hit plus the connector's external hit, as vLLM's scheduler decided them);
@@ -37,7 +39,7 @@ import numpy as np
 
 from hybrid_connector.bench.vllm_peers import engine as eng
 from hybrid_connector.bench.vllm_peers import setups as st
-from hybrid_connector.bench.vllm_peers.disk_run import DiskRun
+from hybrid_connector.bench.vllm_peers.disk_run import SETTLE_TIMEOUT_S, DiskRun
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,10 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     def settle() -> None:
         if disk is not None:
             disk.after_step()
+        elif p.name.startswith("ours") and worker is not None:
+            # our tier ops run on the executor's threads; wait for them so that a run does
+            # not depend on their speed (the peers' stand-ins finish every job in its step)
+            worker.worker.flush(SETTLE_TIMEOUT_S)
 
     pending: deque[tuple[str, list[int], int]] = deque()
     session_of: dict[str, str] = {}

@@ -96,19 +96,19 @@ class HybridConfig(Strict):
     eviction: Literal["lru", "marconi", "marconi_reference"] = "marconi"
     alpha: float | Literal["auto"] = "auto"  # finite >= 0 (see _alpha)
     alpha_objective: Literal["flops", "token_hits"] = "flops"
-    # a fixed alpha's score: Marconi's recency + alpha * efficiency ("sum") or the aging
-    # recency * (1 + alpha * efficiency) ("product", policies.marconi.product_utility)
+    # a fixed alpha's score: recency + alpha * efficiency ("sum") or recency * (1 + alpha * eff.)
     marconi_score: Literal["sum", "product"] = "sum"
-    # scan-resistant Marconi eviction (policies/eviction/marconi_victims.py: stranded KV
-    # first, whole leaves, a LIRS/ARC-style guard); configs/vllm*.yaml turn it on
+    # scan-resistant Marconi eviction (policies/eviction/marconi_victims.py: stranded KV first,
+    # whole leaves, a LIRS/ARC guard; fallback_states: with it, a state with a deeper state on
+    # its chain goes before KV in a shared budget); configs/vllm*.yaml turn both on
     scan_resistant: bool = False
+    fallback_states: bool = False
     # auto alpha's candidates; unset: each tuner's own grid (window: 0-2 step 0.1; shadow:
     # shadow_alphas, extended while its top leads); set: these alphas and no other
     alpha_grid: tuple[NonNegFinite, ...] | None = Field(None, strict=False)
     bootstrap_multiplier: int = Field(5, gt=0)
     retune_interval: int = Field(500, ge=0)
-    # alpha: auto. "shadow": twin caches per candidate (policies/shadow_tuner.py);
-    # "window": grid search over replays of a recent window (policies/tuner.py).
+    # alpha: auto: twin caches per candidate (tuning/shadow.py) or replayed windows (grid.py)
     alpha_tuner: Literal["shadow", "window"] = "shadow"
     # the shadow tuner's starting grid when alpha_grid is unset (it may extend it)
     shadow_alphas: tuple[NonNegFinite, ...] = Field((0.0, 0.5, 2.0, 8.0, 32.0), min_length=1,

@@ -76,15 +76,16 @@ class MarconiOptions(TypedDict):
     joint_pool: bool
     score: str
     scan_resistant: bool
+    fallback_first: bool
 
 
 def marconi_options(config: HybridConfig) -> MarconiOptions:
     """The ``MarconiEviction`` keyword arguments every Marconi policy built from ``config``
     shares (a tuner's candidate may override ``score``). ``scan_resistant`` (stranded KV
     first, whole leaves in a shared budget, the scan guard: ``eviction.marconi_victims``)
-    follows the ``scan_resistant`` config key."""
+    follows the ``scan_resistant`` config key, ``fallback_first`` ``fallback_states``."""
     return {"joint_pool": config.pooled_eviction == "utility", "score": config.marconi_score,
-            "scan_resistant": config.scan_resistant}
+            "scan_resistant": config.scan_resistant, "fallback_first": config.fallback_states}
 
 
 def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, object]:

@@ -8,8 +8,8 @@ before and only keeps the bookkeeping).
 * **Whole leaves in a shared budget**: when the state victim is a leaf, evicting its state
   alone strands its KV in the same budget, so the KV victim (a whole leaf, state included)
   goes first instead.
-* **Fallback states before KV in a shared budget** (``fallback_first``, off by default:
-  see the limit below; ``shadowed``): when KV would go
+* **Fallback states before KV in a shared budget** (``fallback_first``, config key
+  ``fallback_states``, off by default: see the limit below; ``shadowed``): when KV would go
   first (a KV save needs room), a state whose single-child chain below holds a deeper
   state goes first instead, least recent first. Such a state serves only a request that
   leaves the chain between it and the deeper one (a retry, an edit); evicting a leaf
@@ -21,7 +21,8 @@ before and only keeps the bookkeeping).
   that does not resend the answer diverges at the prompt's end, whose checkpoint this
   takes before the answer's state (the stored answer then serves no hit): the scan
   tests' users (``tests/policies/test_scan_and_stranded.py``) do that and lose half their
-  hits, which is why it is not on with ``scan_resistant``.
+  hits, which is why it is its own key (``fallback_states``), on in ``configs/vllm*.yaml``
+  only, where ``AnswerGate`` stores answers only while later prompts resend them.
 * **Scan resistance** (``scan_guard.ScanGuard``, ARC's classes and ghosts): the ranking
   runs over the class the guard names first (unproven prefixes while they hold more than
   its adaptive target, else proven ones), falling back to the other class when that one

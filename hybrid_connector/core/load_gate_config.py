@@ -32,11 +32,13 @@ class LoadGate(Strict):
     effective prefill rate. ``flops_per_token``: None takes the model's FLOPs from its
     geometry (every layer, attention over each token's causal context); a number is a flat
     rate per token, e.g. for a scaled-down stand-in model whose token stands for many real
-    ones. ``byte_scale``: stored bytes x this = the bytes a load is costed at (1; a stand-in
+    ones, plus ``flops_per_position`` per token before it (attention over its context; 0).
+    ``byte_scale``: stored bytes x this = the bytes a load is costed at (1; a stand-in
     model's byte ratio to the real one)."""
 
     enabled: bool = False
     prefill_tflops: Positive = 445.0
     flops_per_token: Positive | None = None
+    flops_per_position: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
     byte_scale: Positive = 1.0
     tier_gbps: TierGbps = TierGbps()

@@ -43,6 +43,10 @@ def test_an_unknown_tier_reads_at_the_slowest_rate_through_host() -> None:
 def test_a_flat_rate_needs_no_geometry_and_no_rate_without_one_is_an_error() -> None:
     flat = LoadCost(LoadGate(flops_per_token=445e6, prefill_tflops=445.0))
     assert flat.compute_s(10, 1010) == pytest.approx(1e-3)
+    # a stand-in token for 16.5 real ones of Qwen3.5-4B: linear in the position, like it
+    a, b = QWEN.flops_saved(1, 0).total, QWEN.flops_saved(1, 1).total - QWEN.flops_saved(1, 0).total
+    real = LoadCost(LoadGate(flops_per_token=a, flops_per_position=b), None)
+    assert real.compute_s(3000, 3500) == pytest.approx(FULL.compute_s(3000, 3500))
     with pytest.raises(ValueError, match="flops_per_token"):
         LoadCost(LoadGate())
     with pytest.raises(ValueError, match="no options"):
@@ -55,10 +59,11 @@ options = st.lists(st.builds(
                     st.integers(0, 10**9), max_size=3)), min_size=1, max_size=6)
 
 
-@given(options, st.integers(0, 10000), st.floats(1e6, 1e11), st.floats(0.5, 5000.0))
+@given(options, st.integers(0, 10000), st.floats(1e6, 1e11), st.floats(0.0, 1e8),
+       st.floats(0.5, 5000.0))
 def test_the_pick_is_no_slower_than_any_option_and_deepest_among_equals(
-        opts: list[Option], extra: int, fpt: float, scale: float) -> None:
-    cost = LoadCost(LoadGate(flops_per_token=fpt, byte_scale=scale))
+        opts: list[Option], extra: int, fpt: float, fpp: float, scale: float) -> None:
+    cost = LoadCost(LoadGate(flops_per_token=fpt, flops_per_position=fpp, byte_scale=scale))
     prompt = max(o.tokens for o in opts) + extra
     i = cheapest(opts, prompt, cost)
     t = cost.time_s(opts[i], prompt)

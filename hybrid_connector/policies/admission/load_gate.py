@@ -11,7 +11,8 @@ size: a 49 MiB state from NVMe at 6 GB/s + the host copy at 25 GB/s takes ~11 ms
 prefill of ~630 tokens at 445 TFLOP/s).
 
 Cost model (``LoadCost``): ``compute_s(since, end)`` = FLOPs of ``[since, end)`` after
-``since`` tokens (``ModelGeometry.flops_saved``, or a flat ``flops_per_token``) over the
+``since`` tokens (``ModelGeometry.flops_saved``, or ``flops_per_token`` per token plus
+``flops_per_position`` per token before it) over the
 effective prefill rate; ``load_s(bytes by tier)`` = bytes x ``byte_scale`` over each tier's
 read rate, plus the host hop for a tier staged through host memory (nvme, remote). Loads
 and compute are added, not overlapped (the bench's modeled TTFT does the same). Pure.
@@ -49,6 +50,7 @@ class LoadCost:
             raise ValueError("load_gate: flops_per_token unset and no geometry to count FLOPs")
         self.geometry = geometry
         self.flops_per_token = gate.flops_per_token
+        self.flops_per_position = gate.flops_per_position
         self.flops_per_s = gate.prefill_tflops * 1e12
         self.byte_scale = gate.byte_scale
         rates = gate.tier_gbps
@@ -61,7 +63,8 @@ class LoadCost:
         if n <= 0:
             return 0.0
         if self.flops_per_token is not None:
-            return n * self.flops_per_token / self.flops_per_s
+            context = n * since + n * (n - 1) // 2  # tokens before each of the n
+            return (n * self.flops_per_token + context * self.flops_per_position) / self.flops_per_s
         assert self.geometry is not None
         return self.geometry.flops_saved(n, since).total / self.flops_per_s
 

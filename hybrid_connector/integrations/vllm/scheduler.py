@@ -39,6 +39,7 @@ from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.index.plan import LoadPlan, ObjectSpec
 from hybrid_connector.integrations.vllm.checkpoints import AnswerGate, never_wanted, wanted_states
 from hybrid_connector.integrations.vllm.junctions import offer_junction
+from hybrid_connector.integrations.vllm.load_gate import gated
 from hybrid_connector.integrations.vllm.meta import (
     Held,
     HybridConnectorMetadata,
@@ -144,9 +145,7 @@ class SchedulerSide:
     def match(self, request: Any, num_computed: int) -> tuple[int, bool]:
         """vLLM's ``get_num_new_matched_tokens``; remembers the plan for the allocation."""
         rid = request.request_id
-        rec = self._progress.get(rid)
-        if rec is None:
-            rec = self._progress[rid] = Tracked(rid)
+        rec = self._progress.get(rid) or self._progress.setdefault(rid, Tracked(rid))
         rec.request, rec.plan = request, None
         if num_computed % self.bs:
             return 0, False
@@ -158,6 +157,7 @@ class SchedulerSide:
         plan = self.index.lookup(toks, alignment=self.hit_align, replay=False)
         if self.groups.recurrent:  # a branch point inside its first chunk (junctions.py)
             offer_junction(self.index, request, toks, plan, num_computed, self.bs)
+        plan = gated(self.index, self.config, toks, plan, num_computed, self.hit_align)  # load_gate
         if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
             return 0, False
         rec.plan, rec.plan_base = plan, num_computed

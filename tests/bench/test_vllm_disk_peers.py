@@ -68,3 +68,25 @@ def test_the_disk_peers_run_in_vllms_scheduler_with_checked_hits_and_disk_loads(
         assert not {f for f in os.listdir("/dev/shm") if f.startswith("vllm_offload_")} - shm
     out = rep.text(doc)
     assert "Disk tiers" in out and "fs tier" in out
+
+
+def test_ours_nvme_weighs_disk_loads_at_the_modeled_rates(tmp_path: Path) -> None:
+    """The ``load_gate`` block the head-to-head gives ours-nvme prices a scaled prefill as
+    the TTFT model does (its FLOPs within 0.1%) and its loads at the model's bytes."""
+    import yaml
+
+    from hybrid_connector.bench.vllm_peers import disk_peers
+    from hybrid_connector.core.config import HybridConfig
+
+    m = ttft.for_preset("qwen3.5-4b", 16.5)
+    gate = HybridConfig.model_validate({"load_gate": m.load_gate()}).load_gate
+    assert gate.enabled and gate.byte_scale == m.byte_factor
+    rate = m.peak_flops * m.mfu
+    for prompt, hit in ((64, 0), (200, 150), (900, 32)):
+        flops = sum(gate.flops_per_token + gate.flops_per_position * i
+                    for i in range(hit, prompt))
+        assert flops / rate == pytest.approx(m.compute_s(prompt, hit), rel=1e-3)
+    ours = yaml.safe_dump({"pools": {"host": {"kv_state": "1MB"}}})
+    text = disk_peers.nvme_yaml(ours, ROOT / "configs" / "vllm-qwen3_5.yaml", tmp_path, 1 << 20,
+                                m.load_gate())
+    assert yaml.safe_load(text)["load_gate"] == m.load_gate()

@@ -33,7 +33,8 @@ DISK_KV_SHARE = 2 / 3
 
 
 def transfer(name: str, budget: int, *, work: Path, ours: str, shipped: Path,
-             disk_budget: int | None) -> dict[str, Any]:
+             disk_budget: int | None, load_gate: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
     """``name``'s ``KVTransferConfig`` as JSON at ``budget`` host bytes, its disk tier in a
     new directory under ``work`` (``disk_dir`` finds it; the run removes it). ``ours``:
     ``ours-pooled``'s YAML at this budget (``setups.ours_yaml``), ``shipped`` the shipped
@@ -49,7 +50,7 @@ def transfer(name: str, budget: int, *, work: Path, ours: str, shipped: Path,
         if disk_budget is None or disk_budget <= 0:
             raise ValueError("ours-nvme needs a disk budget (disk_budget > 0)")
         path = Path(f"{root}.yaml")
-        path.write_text(nvme_yaml(ours, shipped, root, disk_budget))
+        path.write_text(nvme_yaml(ours, shipped, root, disk_budget, load_gate))
         return {"kv_connector": "HybridConnector",
                 "kv_connector_module_path": "hybrid_connector.integrations.vllm",
                 "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
@@ -57,10 +58,15 @@ def transfer(name: str, budget: int, *, work: Path, ours: str, shipped: Path,
     raise ValueError(f"not a disk peer: {name!r}")
 
 
-def nvme_yaml(ours: str, shipped_path: Path, disk: Path, disk_budget: int) -> str:
+def nvme_yaml(ours: str, shipped_path: Path, disk: Path, disk_budget: int,
+              load_gate: dict[str, Any] | None = None) -> str:
     """``ours-pooled``'s YAML ``ours`` with the NVMe tier of the shipped config at
-    ``shipped_path`` in ``disk`` at ``disk_budget`` bytes (module docstring)."""
+    ``shipped_path`` in ``disk`` at ``disk_budget`` bytes (module docstring), and the
+    ``load_gate`` block given (``ttft.TTFTModel.load_gate``: loads from disk weighed
+    against recomputing at the modeled H200's rates, as a user sets it for their GPU)."""
     cfg = yaml.safe_load(ours)
+    if load_gate is not None:
+        cfg["load_gate"] = dict(load_gate)
     shipped = yaml.safe_load(shipped_path.read_text())
     kv = int(disk_budget * DISK_KV_SHARE)
     cfg.update({"local_disk": str(disk), "max_local_disk_size": f"{disk_budget}B",

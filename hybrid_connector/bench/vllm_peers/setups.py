@@ -95,16 +95,18 @@ def ours_yaml(preset: str, block: int, budget: int, configs: Path, pooled: bool 
 
 
 def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path,
-         disk_budget: int | None = None) -> Peer:
+         disk_budget: int | None = None, load_gate: dict[str, Any] | None = None) -> Peer:
     """``name`` (one of :data:`PEERS` or :data:`DISK_PEERS`) at ``budget`` host bytes
-    (``disk_budget``: ``ours-nvme``'s disk bytes, see ``disk_peers``)."""
+    (``disk_budget``: ``ours-nvme``'s disk bytes, ``load_gate`` its ``load_gate`` block,
+    see ``disk_peers``)."""
     if name in DISK_PEERS:
         from hybrid_connector.bench.vllm_peers import disk_peers
 
         base = ours_yaml(preset, block, budget, configs, pooled=True)
         return Peer(name, budget, disk_peers.transfer(name, budget, work=work, ours=base,
                                                       shipped=configs / SHIPPED[preset],
-                                                      disk_budget=disk_budget))
+                                                      disk_budget=disk_budget,
+                                                      load_gate=load_gate))
     if name == "none":
         return Peer(name, budget, None)
     if name in ("offload-lru", "offload-arc"):

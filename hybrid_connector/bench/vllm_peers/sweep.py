@@ -172,7 +172,7 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
                 continue  # no connector: the budget does not matter
             disk = (fs_held or every_block) if name == "ours-nvme" else None
             p = st.peer(name, budget, preset=cfg.preset, block=block, work=root, configs=configs,
-                        disk_budget=disk)
+                        disk_budget=disk, load_gate=model.load_gate())
             r = run_one(shape, p, recs)
             if name == "offload-fs":
                 fs_held = r["disk_peak_bytes"]

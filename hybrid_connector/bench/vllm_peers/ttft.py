@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -124,6 +125,22 @@ class TTFTModel:
         return {"mean_ms": float(tot.mean()), "p50_ms": float(np.percentile(tot, 50)),
                 "p90_ms": float(np.percentile(tot, 90)), "compute_ms": float(comp.mean()),
                 "load_ms": float(load.mean())}
+
+    def load_gate(self) -> dict[str, Any]:
+        """The ``load_gate`` config block that weighs loads as this model does, for the
+        scaled model ours runs: per scaled token the FLOPs of the ``divisor`` real tokens it
+        stands for (``flops_per_token``, a linear part ``a`` and ``b`` per earlier real token:
+        ``a d + b d (d - 1) / 2``) plus ``b d^2`` per scaled token before it, bytes x
+        ``byte_factor``, the same rates and tier bandwidths."""
+        f = partial(PrefillModel().compute_flops, self.geometry, hit=0)
+        b = (f(2000) - 2 * f(1000)) / 1e6  # f(n) = a n + b n (n - 1) / 2
+        a, d = f(1000) / 1000 - b * 999 / 2, self.divisor
+        # YAML reads 4.1e7 without a point as a string: plain floats
+        return {"enabled": True, "prefill_tflops": self.peak_flops * self.mfu / 1e12,
+                "flops_per_token": float(round(a * d + b * d * (d - 1) / 2)),
+                "flops_per_position": float(round(b * d * d)),
+                "byte_scale": float(self.byte_factor),
+                "tier_gbps": {"host": self.load_gbps["host"], "nvme": self.load_gbps["nvme"]}}
 
     def constants(self) -> dict[str, Any]:
         """What the report states: the figures, the scale factors and their sources."""

@@ -85,6 +85,7 @@ def test_ours_nvme_weighs_disk_loads_at_the_modeled_rates(tmp_path: Path) -> Non
     m = ttft.for_preset("qwen3.5-4b", 16.5)
     gate = HybridConfig.model_validate({"load_gate": m.load_gate()}).load_gate
     assert gate.enabled and gate.byte_scale == m.byte_factor
+    assert gate.flops_per_token is not None
     rate = m.peak_flops * m.mfu
     for prompt, hit in ((64, 0), (200, 150), (900, 32)):
         flops = sum(gate.flops_per_token + gate.flops_per_position * i

@@ -137,8 +137,8 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
 
     def settle() -> None:
         if disk is not None:
-            disk.after_step()
-        elif p.name.startswith("ours") and worker is not None:
+            disk.after_step()  # vLLM's fs tier threads
+        if p.name.startswith("ours") and worker is not None:
             # our tier ops run on the executor's threads; wait for them so that a run does
             # not depend on their speed (the peers' stand-ins finish every job in its step)
             worker.worker.flush(SETTLE_TIMEOUT_S)

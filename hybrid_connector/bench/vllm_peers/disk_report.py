@@ -7,6 +7,18 @@ from typing import Any
 
 from hybrid_connector.bench.vllm_peers.setups import DISK_PEERS, LABELS
 
+TIE = 0.0005  # token hit rates closer than this are a tie
+
+
+def compare(ours: dict[str, Any], other: dict[str, Any]) -> tuple[str, float, float]:
+    """Row ``ours`` against row ``other``: who wins on token hit rate ("ours", "tie" or
+    "other", within ``TIE``), the hit-rate difference and the ratio of tokens recomputed
+    (nan when ``other`` recomputed none). The one rule every verdict of the report uses."""
+    d = ours["hit_rate"] - other["hit_rate"]
+    who = "ours" if d > TIE else "tie" if abs(d) <= TIE else "other"
+    rec = ours["recomputed"] / other["recomputed"] if other["recomputed"] else float("nan")
+    return who, d, rec
+
 
 def _mb(x: float | None) -> str:
     return f"{'-' if x is None else format(x / 1e6, '.2f'):>8s}"
@@ -40,9 +52,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
                    and x["multiple"] == r["multiple"]), None)
         if fs is None:
             continue
-        d = r["hit_rate"] - fs["hit_rate"]
-        who = ("ours wins" if d > 0.0005 else "tie" if abs(d) <= 0.0005 else "vLLM's fs wins")
-        rec = r["recomputed"] / fs["recomputed"] if fs["recomputed"] else float("nan")
+        win, d, rec = compare(r, fs)
+        who = {"ours": "ours wins", "tie": "tie", "other": "vLLM's fs wins"}[win]
         tt = (r["ttft"]["mean_ms"] / fs["ttft"]["mean_ms"]
               if "ttft" in r and "ttft" in fs and fs["ttft"]["mean_ms"] else float("nan"))
         out.append(f"  {r['trace']:15s} {r['multiple']:>4g}x: {who:14s} hit rate "

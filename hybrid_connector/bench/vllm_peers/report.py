@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hybrid_connector.bench.vllm_peers.disk_report import compare
 from hybrid_connector.bench.vllm_peers.disk_report import lines as disk_lines
 from hybrid_connector.bench.vllm_peers.setups import LABELS
 from hybrid_connector.bench.vllm_peers.ttft import best_vllm_ratios
@@ -60,10 +61,9 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
                 if name not in at:
                     continue
                 ours = at[name]
-                d = ours["hit_rate"] - best["hit_rate"]
-                who = (f"{LABELS[name]} wins" if d > 0.0005 else
-                       "tie" if abs(d) <= 0.0005 else f"{LABELS[best['peer']]} wins")
-                rec = (ours["recomputed"] / best["recomputed"]) if best["recomputed"] else float("nan")
+                win, d, rec = compare(ours, best)
+                who = {"ours": f"{LABELS[name]} wins", "tie": "tie",
+                       "other": f"{LABELS[best['peer']]} wins"}[win]
                 tt = ours.get("ttft_vs_best_vllm")
                 ttft = "" if tt is None else f"; modeled TTFT x{tt:.2f}"
                 out.append(f"  {trace:15s} {m:>4g}x {LABELS[name]:30s}: {who:34s} hit rate "

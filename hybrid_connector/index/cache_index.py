@@ -86,19 +86,21 @@ class CacheIndex(IndexCore):
 
     # ---------------------------------------------------------------- lookup
     def lookup(self, tokens: Sequence[int] | np.ndarray, alignment: int | None = None,
-               replay: bool | None = None) -> LoadPlan:
+               replay: bool | None = None, floor: int = 0) -> LoadPlan:
         """The longest usable hit for ``tokens`` under the hit rule. No side effects.
 
         ``alignment`` (default ``config.alignment``) restricts hit lengths to its multiples.
         ``replay`` (default ``config.replay``) allows approximate anchor-replay plans; pass
-        False for the best exact plan, e.g. when a quality gate refused a replay. Raises
-        ValueError for non-integer or negative tokens and a non-positive alignment.
-        """
+        False for the best exact plan, e.g. when a quality gate refused a replay. ``floor``: a
+        hit the caller has; a match not past it is a miss at once (no hit can pass it).
+        Raises ValueError for non-integer or negative tokens and a non-positive alignment."""
         arr = as_tokens(tokens)
         align = self._alignment(alignment)
         use_replay = self.config.replay if replay is None else replay
         with self.lock:
             m = self.tree.match_tokens(arr)
+            if m.length <= floor:  # every hit, exact or replayed, lies within the match
+                return LoadPlan(0, True, matched_tokens=m.length, prompt_tokens=int(arr.size))
             usable = UsableNow(*self.table.unusable_sets())
             hit = self._find(m, arr.size, align, use_replay, usable)
             pending = 0

@@ -87,17 +87,27 @@ def wanted_states(index: CacheIndex, toks: np.ndarray, cap: int, prompt: int, bl
     unless ``answers``: ``save_decode_cache``), its ``prompt`` tokens long; ``toks``: its
     tokens so far. Asks the index (no side effects on it), see the module docstring."""
     if not answers:
-        want = set(index.plan_saves(toks[:cap], alignment=block).state_positions)
+        want = admission_positions(index, toks[:cap], block)
         want.add(cap - cap % block)
         return want
     p = min(cap, prompt)
-    want = set(index.plan_saves(toks[:p], alignment=block).state_positions)
+    want = admission_positions(index, toks[:p], block)
     last = p - p % block
     if last in offered and last not in want:
         plan = index.lookup(toks[:last + 1], alignment=1, replay=False)
         if last - max(plan.num_tokens, plan.pending_tokens) >= block:
             want.add(last)
     return want
+
+
+def admission_positions(index: CacheIndex, toks: np.ndarray, block: int) -> set[int]:
+    """``set(index.plan_saves(toks, alignment=block).state_positions)`` without the rest of
+    the plan (its KV reach walks the stored chunks, its branch point: neither is needed
+    here); ``toks``: a request's checked tokens (``TokenBuffer``), ``block`` positive.
+    Admission is asked exactly as ``plan_saves`` asks it (it may learn from the query)."""
+    with index.lock:
+        m = index.tree.match_tokens(toks)
+        return set(index.admission.state_positions(index.tree, m, toks, block))
 
 
 def never_wanted(offered: list[int], upto: int, prompt: int, answers: bool) -> list[int]:

@@ -23,7 +23,6 @@ sharing those N tokens hits at N exactly, not at the block below.
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -49,7 +48,7 @@ from hybrid_connector.integrations.vllm.meta import (
     SaveObject,
 )
 from hybrid_connector.integrations.vllm.setup import Groups
-from hybrid_connector.integrations.vllm.stats import hit_sources
+from hybrid_connector.integrations.vllm.stats import Counters, hit_sources
 from hybrid_connector.runtime.progress import RequestProgress
 from hybrid_connector.runtime.ranks import RankGather
 from hybrid_connector.runtime.session import cut_chunks
@@ -57,22 +56,6 @@ from hybrid_connector.tiers.backend import Backend
 from hybrid_connector.tiers.configured import shared_view, tier_specs
 
 BlockIds = tuple[tuple[int, ...], ...]
-
-
-@dataclass
-class Counters:
-    """What the connector did (exported through vLLM's stats hooks)."""
-
-    lookups: int = 0
-    hits: int = 0
-    hit_tokens: int = 0
-    loads: int = 0
-    loaded_tokens: int = 0
-    failed_loads: int = 0
-    hits_without_state: int = 0  # must stay 0 for a hybrid model (the hit rule)
-    restored: dict[str, int] = field(default_factory=dict)  # warm restart: indexed by kind
-    saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 @dataclass(slots=True, eq=False)
@@ -154,7 +137,10 @@ class SchedulerSide:
             rec.discovered = True  # once per request: a lookup may be repeated
             self.index.discover(toks, rec.engine_hashes(self.hash_block, request.block_hashes, toks),
                                 alignment=self.bs)
-        plan = self.index.lookup(toks, alignment=self.hit_align, replay=False)
+        # no hit past vLLM's own one (no junction there either) when the match stops short
+        plan = self.index.lookup(toks, alignment=self.hit_align, replay=False, floor=num_computed)
+        if plan.matched_tokens <= num_computed:
+            return 0, False
         if self.groups.recurrent:  # a branch point inside its first chunk (junctions.py)
             offer_junction(self.index, request, toks, plan, num_computed, self.bs)
         plan = gated(self.index, self.config, toks, plan, num_computed, self.hit_align)  # load_gate

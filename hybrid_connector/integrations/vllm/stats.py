@@ -5,6 +5,7 @@ metrics"), Prometheus counters (``HybridPromMetrics``: vLLM registers them on it
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.metrics.utils import create_metric_per_engine
+
+
+@dataclass
+class Counters:
+    """What the connector did (exported through vLLM's stats hooks)."""
+
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    loads: int = 0
+    loaded_tokens: int = 0
+    failed_loads: int = 0
+    hits_without_state: int = 0  # must stay 0 for a hybrid model (the hit rule)
+    restored: dict[str, int] = field(default_factory=dict)  # warm restart: indexed by kind
+    saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
 
 #: counter -> what it counts (all totals since start, per engine).
 COUNTERS = {

@@ -120,9 +120,9 @@ class Saver:
         """Unindex objects of this save that the index lists but the tiers lost without
         telling (a restarted remote), so they are stored again instead of "present"."""
         ix = self.ix
-        keys = [k for k in keys if k in ix.table and ix.table.usable(k)]
-        with ix.ledger.lock:
-            lost = [k for k in keys if ix.ledger.where(k) is None]
+        table, where = ix.table, ix.ledger.where
+        with ix.ledger.lock:  # one pass: indexed, usable, and no tier has it
+            lost = [k for k in keys if k in table and table.usable(k) and where(k) is None]
         out = Effects()
         for key in lost:
             out += self.reclaim.unindex(key)
@@ -162,9 +162,10 @@ class Saver:
                         for i in order if specs[i].end <= arr.size}
                 out += self._heal(list(cand.values()))
                 batch: set[ObjectKey] = set()
+                size = int(arr.size)
                 for i in order:
                     sp = specs[i]
-                    reason = self._check(sp, int(arr.size))
+                    reason = self._check(sp, size)
                     if reason is not None:
                         refused.append(Rejection(sp.kind, sp.start, sp.end, reason))
                         continue

@@ -140,6 +140,7 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
             node.last_access = now
             self._refresh(node)
         if path:
+            self._note_access(path[-1])
             self.guard.used(path[-1])
             self._dirty.add(path[-1].id)  # a hit counts ``hits`` after this call returns
 

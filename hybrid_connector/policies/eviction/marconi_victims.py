@@ -23,6 +23,15 @@ before and only keeps the bookkeeping).
   tests' users (``tests/policies/test_scan_and_stranded.py``) do that and lose half their
   hits, which is why it is its own key (``fallback_states``), on in ``configs/vllm*.yaml``
   only, where ``AnswerGate`` stores answers only while later prompts resend them.
+  **Weighed by where hits land**: such a state goes first only while the KV it keeps
+  usable (its tokens above the next state or branch up, ``base_depth``) times the share
+  of state hits that landed on fallback states (``(fallback hits + 1) / (state hits +
+  1)``, counted at each access) is below what its bytes would hold in KV
+  (``state_bytes / kv_bytes_per_token`` tokens). Chat and agents hit the deepest state
+  (the share falls towards 0: every fallback goes first, as before); in the Mooncake
+  replay the next turn drops the previous prompt's partial last block, so hits land on the
+  block-floored prompt-end state above the exact-end one, and taking it first lost those
+  hits (head-to-head at 2x: 0.256 -> 0.268).
 * **Scan resistance** (``scan_guard.ScanGuard``, ARC's classes and ghosts): the ranking
   runs over the class the guard names first (unproven prefixes while they hold more than
   its adaptive target, else proven ones), falling back to the other class when that one
@@ -37,7 +46,9 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.policies.base import Evictable
+from hybrid_connector.policies.eviction.marconi_terms import base_depth
 from hybrid_connector.policies.eviction.scan_guard import ScanGuard
 from hybrid_connector.policies.eviction.stranded import is_stranded
 from hybrid_connector.tree.coverage import path_reach
@@ -70,6 +81,7 @@ class VictimRules:
     """The rules above, over the policy's ``_choose`` (see module docstring)."""
 
     tree: RadixTree
+    geometry: ModelGeometry
     evictable: Evictable
     scan_resistant: bool
     fallback_first: bool
@@ -89,6 +101,9 @@ class VictimRules:
         self.guard = ScanGuard()
         self._may = evictable
         self._only = None  # the class the ranking is restricted to (None: both)
+        self._state_hits = 0  # hits that landed on a state ...
+        self._fallback_hits = 0  # ... of which on a fallback state (``shadowed``)
+        self._last_access: tuple[Node, int, bool] | None = None
         self.evictable = self._filtered
 
     def _filtered(self, node: Node, kind: ObjectKind) -> bool:
@@ -126,15 +141,42 @@ class VictimRules:
         self._shadow_pick = None
         if not (self.scan_resistant and self.fallback_first) or order[0] is not ObjectKind.KV:
             return False
+        self._settle_access()
+        # a fallback state is worth its bytes when the KV it keeps usable (its tokens above
+        # the next state or branch up), times the share of state hits that land on
+        # fallbacks, outweighs the tokens of KV its bytes would hold (module docstring)
+        kv = self.geometry.kv_bytes_per_token()
+        worth = self.geometry.state_bytes() / kv if kv > 0 else float("inf")
+        share = (self._fallback_hits + 1) / (self._state_hits + 1)
         for scanned, (_, nid) in enumerate(self._by_time[ObjectKind.STATE]):
             if scanned >= FALLBACK_SCAN:
                 break
             node = self._entries[nid].node
-            if self.evictable(node, ObjectKind.STATE) and shadowed(
-                    node, lambda n: self._may(n, ObjectKind.STATE) and path_reach(n) >= n.depth):
+            if (self.evictable(node, ObjectKind.STATE)
+                    and (node.depth - base_depth(node)) * share < worth
+                    and self._is_fallback(node)):
                 self._shadow_pick = node
                 return True
         return False
+
+    def _is_fallback(self, node: Node) -> bool:
+        return shadowed(node, lambda n: self._may(n, ObjectKind.STATE)
+                        and path_reach(n) >= n.depth)
+
+    def _note_access(self, node: Node) -> None:
+        """The deepest node of an access: a hit if its ``hits`` grows before the next call
+        (the index counts a hit after ``on_access``; a save's access does not)."""
+        self._settle_access()
+        if self.scan_resistant and self.fallback_first and node.state is not None:
+            self._last_access = (node, node.hits, self._is_fallback(node))
+
+    def _settle_access(self) -> None:
+        if self._last_access is not None:
+            node, hits, fallback = self._last_access
+            self._last_access = None
+            if node.hits > hits:
+                self._state_hits += 1
+                self._fallback_hits += fallback
 
     def _stranded_victim(self) -> Node | None:
         """The least recent evictable leaf among those whose state this policy evicted and

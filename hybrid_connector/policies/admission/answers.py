@@ -109,7 +109,8 @@ class AnswerReuse:
             return
         win = self._win(tokens, n)
         by = self._keys.setdefault(n, {})
-        digest, refs, was = by.get(win, (_digest(tokens[:n]), 0, False))
+        got = by.get(win)
+        digest, refs, was = got if got is not None else (_digest(tokens[:n]), 0, False)
         by[win] = (digest, refs + 1, was or stored)
         self._fifo.append((n, win))
         if len(self._fifo) > self._cap:
@@ -128,14 +129,14 @@ class AnswerReuse:
     def extends_answer(self, tokens: np.ndarray) -> tuple[int, bool] | None:
         """The length and stored flag of the longest recorded answer ``tokens`` extend past
         its end; None when they extend none. No side effects."""
-        size, best = int(tokens.size), None
-        for n, by in self._keys.items():
-            if n >= size or (best is not None and n <= best[0]):
-                continue
-            got = by.get(self._win(tokens, n))
+        size = int(tokens.size)
+        raw = np.ascontiguousarray(tokens, dtype=np.int64).tobytes()  # a window: a slice of it
+        w = self.window
+        for n in sorted((n for n in self._keys if n < size), reverse=True):  # longest first
+            got = self._keys[n].get(raw[8 * max(0, n - w):8 * n])
             if got is not None and got[0] == _digest(tokens[:n]):
-                best = (n, got[2])
-        return best
+                return n, got[2]
+        return None
 
     def arrived(self, tokens: np.ndarray) -> tuple[int, bool] | None:
         """Count a new request (its prompt ``tokens``) in the rate; returns

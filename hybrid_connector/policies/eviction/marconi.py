@@ -61,6 +61,9 @@ _RANKED = (ObjectKind.KV, ObjectKind.STATE)
 PRELOG = 4000  # requests kept for a tuner built at the first eviction
 
 
+_KINDS = tuple(ObjectKind)  # iterating the enum itself is slow on the hot path
+
+
 class _Entry:
     __slots__ = ("node", "skey", "eff", "parent_id", "keys", "status")
 
@@ -346,7 +349,7 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         if skey != entry.skey:
             entry.skey = skey
             entry.eff = self.accounting.efficiency(*skey)
-        for kind in ObjectKind:
+        for kind in _KINDS:
             want = (node.last_access, entry.eff) if eligible(node, kind) else None
             have = entry.keys.get(kind)
             if want == have:

@@ -25,6 +25,14 @@ Whether answers are stored at all is learnt per workload (``AnswerGate``, on
 ``policies.admission.answers.AnswerReuse``): with ``save_decode_cache`` a request stores its
 answer while recent arrivals extended recorded answers; otherwise (a Mooncake-style trace,
 outputs never return as inputs) it is saved as with prompts only.
+
+A request whose answer is not stored and that finishes at its prompt's end (one generated
+token: a prefill-only request) leaves the exact state there and the KV past the prompt's
+last boundary (``finish_tail``), which only a later prompt extending that exact prompt can
+hit. Whether such prompts come is learnt the same way (``PromptGate``, the same estimate
+fed prompts): while few arrivals extend a recorded prompt past a non-aligned end (a
+Mooncake-style trace, whose next turn drops the previous prompt's partial last block), the
+save stops at the prompt's last boundary (``save_cap``).
 """
 
 from __future__ import annotations
@@ -78,6 +86,50 @@ class AnswerGate:
         stored = self._decided.pop(request.request_id, False)
         if self.enabled:
             self.reuse.finished(tokens, request.num_prompt_tokens, stored)
+
+
+class PromptGate:
+    """Whether a vLLM request may save past its prompt's last block boundary (``exact``;
+    ``enabled`` off: always). Decided once per request, at the first call, by
+    ``AnswerReuse.stores`` after counting the request's prompt as an arrival; a prompt that
+    ends inside a block is then recorded (saved or not: a ghost). Bounded and
+    deterministic; engine-core thread only."""
+
+    def __init__(self, enabled: bool, block: int, reuse: AnswerReuse | None = None) -> None:
+        self.enabled, self.block = enabled, block
+        self.reuse = reuse if reuse is not None else AnswerReuse()
+        self._decided: dict[str, bool] = {}
+
+    def exact(self, request: Any) -> bool:
+        """Whether ``request`` (a vLLM ``Request``) may save up to its exact prompt end."""
+        if not self.enabled:
+            return True
+        rid = request.request_id
+        got = self._decided.get(rid)
+        if got is None:
+            p = request.num_prompt_tokens
+            prompt = np.asarray(request.all_token_ids[:p], dtype=np.int64)
+            self.reuse.arrived(prompt)
+            got = self._decided[rid] = self.reuse.stores
+            if p % self.block:
+                self.reuse.record(prompt, got)
+            if len(self._decided) > DECIDED:
+                del self._decided[next(iter(self._decided))]
+        return got
+
+    def finished(self, request: Any) -> None:
+        self._decided.pop(request.request_id, None)
+
+
+def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int) -> int:
+    """How many of ``request``'s first ``end`` computed tokens may be saved: all while its
+    answer is stored, else its prompt, cut to the last block boundary unless
+    ``prompts.exact`` (asked first: every request counts as an arrival there)."""
+    exact = prompts.exact(request)
+    if answers.stores(request):
+        return end
+    p = request.num_prompt_tokens
+    return min(end, p if exact else p - p % prompts.block)
 
 
 def wanted_states(index: CacheIndex, toks: np.ndarray, cap: int, prompt: int, block: int,

@@ -36,7 +36,13 @@ from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.index.plan import LoadPlan, ObjectSpec
-from hybrid_connector.integrations.vllm.checkpoints import AnswerGate, never_wanted, wanted_states
+from hybrid_connector.integrations.vllm.checkpoints import (
+    AnswerGate,
+    PromptGate,
+    never_wanted,
+    save_cap,
+    wanted_states,
+)
 from hybrid_connector.integrations.vllm.junctions import offer_junction
 from hybrid_connector.integrations.vllm.load_gate import gated
 from hybrid_connector.integrations.vllm.meta import (
@@ -106,6 +112,7 @@ class SchedulerSide:
         self._kvb = self.index.geometry.kv_bytes_per_token()
         self._sb = self.index.geometry.state_bytes()
         self.answers = AnswerGate(config.save_decode_cache, self.index)  # checkpoints.py
+        self.prompts = PromptGate(True, self.bs)
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
@@ -208,7 +215,7 @@ class SchedulerSide:
         rec = self._progress.get(request.request_id)
         if rec is None:
             return None
-        cap = end if self.answers.stores(request) else min(end, request.num_prompt_tokens)
+        cap = save_cap(self.answers, self.prompts, request, end)
         chunk = self.config.chunk_size
         kv_from = rec.kv_saved
         kvb = self._kvb
@@ -275,7 +282,7 @@ class SchedulerSide:
             return False
         n = request.num_computed_tokens
         vllm_blocks, rec.tail_blocks = rec.tail_blocks, None
-        cap = n if self.answers.stores(request) else min(n, request.num_prompt_tokens)
+        cap = save_cap(self.answers, self.prompts, request, n)
         if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
                 or n in rec.states_saved):
             return False
@@ -377,6 +384,7 @@ class SchedulerSide:
         toks = self.tokens(request)
         rec = self._progress.pop(request.request_id, None)
         self.answers.finished(request, toks)
+        self.prompts.finished(request)
         self.index.finish(toks, request.num_prompt_tokens, start=rec.leaf if rec else None)
         return held
 

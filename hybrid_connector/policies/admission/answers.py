@@ -27,6 +27,9 @@ used.
   ``survival >= survival_threshold``; below the latter, every ``explore``-th answer
   only (those keep ``survival`` measured, so storage resumes when room frees up).
 
+The same estimate, fed prompts (``record``) instead of answers, decides whether a request
+saves its exact prompt end when its answer is not stored (``checkpoints.PromptGate``).
+
 Measured arrival rates (the head-to-head's traces): chat with edits 0.83, multi-round QA
 0.80, branching agents 0.69, Mooncake 0. Chat's first 24 arrivals are first turns (no
 answer to extend yet): a horizon of 16 keeps ``rate`` at 0.21 through them, while
@@ -104,9 +107,13 @@ class AnswerReuse:
         """Record the answer of a finished request (``tokens``: prompt + output, the first
         ``prompt_len`` of them the prompt; ``stored``: whether it was stored); nothing when it
         generated no token."""
+        if int(tokens.size) > prompt_len:
+            self.record(tokens, stored)
+
+    def record(self, tokens: np.ndarray, stored: bool = True) -> None:
+        """Record an end at ``tokens.size`` (an answer's, or a prompt's for
+        ``checkpoints.PromptGate``): ``arrived`` then counts requests that extend it."""
         n = int(tokens.size)
-        if n <= prompt_len:
-            return
         win = self._win(tokens, n)
         by = self._keys.setdefault(n, {})
         got = by.get(win)

@@ -3,9 +3,11 @@
 Requests arrive closed-loop in trace order: up to ``concurrency`` run at once, and a
 request waits while an earlier request of its session is still running (its prompt holds
 that request's answer). Each request asks for its recorded answer's length and samples the
-recorded tokens (``runner``). After each engine step ours waits for its worker's tier ops
-(``WorkerSide.flush``), as the peers' stand-ins finish every job in the step that issued
-it, so a run does not depend on thread speed and repeats exactly. Measured per run:
+recorded tokens (``runner``). In each engine step ours waits for the tier ops the step
+queued (``WorkerSide.flush``) after its saves and before its worker reports what finished
+(``mixin_order.after_forward``), as the peers' stand-ins finish every job in the step that
+issued it: every op is reported to the index in the step that issued it, so a run does not
+depend on thread speed and repeats exactly. Measured per run:
 
 * ``hit_tokens``: per request, ``num_computed_tokens`` when vLLM first schedules it (vLLM's
   local prefix hit plus the connector's external hit, as vLLM's scheduler decided them);
@@ -31,7 +33,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +111,7 @@ def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
         vb.bind_backend(vc, cfg, vb.backend_class(eng.BACKEND))
     sched = None
     try:
-        runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND)
+        runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND, settle=_ours_settle(p, worker))
         if p.name == "simple" and worker is not None:  # the engine core hands the workers' block count to the scheduler
             vc.cache_config.simple_cpu_offload_num_blocks = worker.worker_handler.num_cpu_blocks
         sched = eng.make_scheduler(vc, cfg, shape.block)
@@ -135,13 +139,9 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         return (disk.host_bytes(sched, worker) if disk is not None
                 else st.held_bytes(p.name, sched, worker))
 
-    def settle() -> None:
+    def settle() -> None:  # ours' tier ops: waited for inside the step (_ours_settle)
         if disk is not None:
             disk.after_step()  # vLLM's fs tier threads
-        if p.name.startswith("ours") and worker is not None:
-            # our tier ops run on the executor's threads; wait for them so that a run does
-            # not depend on their speed (the peers' stand-ins finish every job in its step)
-            worker.worker.flush(SETTLE_TIMEOUT_S)
 
     pending: deque[tuple[str, list[int], int]] = deque()
     session_of: dict[str, str] = {}
@@ -221,6 +221,17 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         **_ours_stats(p.name, sched),
         **(disk.finish(worker) if disk is not None else {}),
     }
+
+
+def _ours_settle(p: st.Peer, worker: Any) -> Callable[[], None] | None:
+    """For ours: wait for the tier ops of a step before the worker reports (the runner calls
+    it after ``wait_for_save``). Waiting after the step instead (when the engine's own
+    ``update_from_output`` has taken the reports) let thread speed decide whether a save's
+    completion reached the index in its own step or the next, hence which later lookups saw
+    it: repeats of one run differed by up to 1% in hit tokens."""
+    if not p.name.startswith("ours") or worker is None:
+        return None
+    return partial(worker.worker.flush, SETTLE_TIMEOUT_S)
 
 
 def _settle(sched: Any, runner: Any, tally: _Tally, deadline_s: float = 30.0) -> None:

@@ -1,0 +1,88 @@
+"""A run of ours in the head-to-head has the same figures however fast its worker's tier
+threads run: the runner waits for a step's tier ops after its saves and before the worker
+reports (``run._ours_settle``), so each op reaches the index in the step that issued it.
+Checked at the two extremes of thread speed: every op run in the submitting thread (done
+before the worker reports) and every op held on its lane until someone calls
+``Executor.flush``. Before the fix (waiting after the step, when vLLM had taken the
+step's reports already) the held run's saves reached the index a step later than the
+immediate run's, and later lookups saw different objects (0.25x of this trace: 5,087 vs
+5,074 hit tokens; the quick's chat_edits 1x: 17,017 vs 17,303; an unhindered run fell
+anywhere between, run to run)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hybrid_connector.tiers.executor import Executor
+
+ROOT = Path(__file__).resolve().parents[2]
+FIGURES = ("hit_tokens", "vllm_hits", "recomputed", "loaded_bytes", "stored_bytes",
+           "held_bytes", "peak_bytes", "steps", "external_hit_tokens", "ours", "ttft")
+
+
+def _run(tmp: Path) -> dict[str, Any]:
+    from hybrid_connector.bench.vllm_peers import sweep as vp
+
+    cfg = vp.PeersConfig(traces={"chat_edits": (16, 4)}, multiples=(0.25,), concurrency=2,
+                         peers=("ours-pooled",))
+    doc = vp.run_sweep(cfg, progress=False, work=tmp, configs=ROOT / "configs")
+    (row,) = doc["rows"]
+    return {k: row[k] for k in FIGURES}
+
+
+def _immediate(mp: pytest.MonkeyPatch) -> None:
+    """Every op batch runs in the thread that submits it (the fastest lanes possible)."""
+    submit = Executor.submit
+
+    def inline_submit(self: Executor, *a: Any, **kw: Any) -> Any:
+        was, self.inline = self.inline, True
+        try:
+            return submit(self, *a, **kw)
+        finally:
+            self.inline = was
+
+    mp.setattr(Executor, "submit", inline_submit)
+
+
+def _held(mp: pytest.MonkeyPatch, go: threading.Event) -> None:
+    """Every op batch waits on its lanes until ``flush`` is called (or a minute passes, so
+    a run that never flushes still ends): the slowest lanes a run can wait for."""
+    submit, flush = Executor.submit, Executor.flush
+
+    def held_submit(self: Executor, *a: Any, **kw: Any) -> Any:
+        if not self.inline:
+            for lane in self._lanes.values():
+                lane.submit(go.wait, 60.0)
+        return submit(self, *a, **kw)
+
+    def releasing_flush(self: Executor, timeout: float | None = None) -> None:
+        go.set()
+        try:
+            flush(self, timeout)
+        finally:
+            go.clear()
+
+    mp.setattr(Executor, "submit", held_submit)
+    mp.setattr(Executor, "flush", releasing_flush)
+
+
+def test_ours_figures_do_not_depend_on_when_its_tier_ops_complete(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    with pytest.MonkeyPatch.context() as mp:
+        _immediate(mp)
+        fast = _run(tmp_path / "fast")
+    go = threading.Event()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            _held(mp, go)
+            slow = _run(tmp_path / "slow")
+    finally:
+        go.set()
+    assert slow == fast
+    assert fast["hit_tokens"] > 0 and fast["loaded_bytes"] > 0  # the connector served hits

@@ -1,13 +1,12 @@
 """A run of ours in the head-to-head has the same figures however fast its worker's tier
-threads run: the runner waits for a step's tier ops after its saves and before the worker
-reports (``run._ours_settle``), so each op reaches the index in the step that issued it.
-Checked at the two extremes of thread speed: every op run in the submitting thread (done
-before the worker reports) and every op held on its lane until someone calls
-``Executor.flush``. Before the fix (waiting after the step, when vLLM had taken the
-step's reports already) the held run's saves reached the index a step later than the
-immediate run's, and later lookups saw different objects (0.25x of this trace: 5,087 vs
-5,074 hit tokens; the quick's chat_edits 1x: 17,017 vs 17,303; an unhindered run fell
-anywhere between, run to run)."""
+threads run: after each step the runner waits for the tier ops and hands their reports to
+vLLM in the next step, never in the step that issued them (``run._StepReports``). Checked
+at the two extremes of thread speed: every op run in the submitting thread (done before
+the worker reports in its own step) and every op held on its lanes until someone calls
+``Executor.flush``. Before the fix the immediate run's saves reached the index a step
+earlier than the held run's, and later lookups saw different objects (0.25x of this
+trace: 5,074 vs 5,087 hit tokens; the quick's chat_edits 1x: 17,303 vs 17,017; an
+unhindered run fell anywhere between, run to run)."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ it polls them, exactly as vLLM's code decides. Which primary-tier chunks a promo
 copy of such a chunk into vLLM's blocks counts as bytes loaded from disk.
 
 ``ours-nvme``. Its tier ops (saves, demotions to the NVMe tier, promotions) run on the
-executor's threads; in each engine step the runner waits for every op submitted so far
-before the worker reports (the connector's own ``WorkerSide.flush``, what its shutdown
-calls, as for every run of ours: ``run._ours_settle``), the same assumption as above.
-Bytes loaded from disk are the NVMe-planned objects of each load job that succeeded (``LoadJob.tiers`` / ``sizes``), counted around ``WorkerSide.load``.
+executor's threads; after each engine step the runner waits for every op submitted so far
+(the connector's own ``WorkerSide.flush``, what its shutdown calls, as for every run of
+ours: ``run._drive``), the same assumption as above. Bytes loaded from disk are the NVMe-planned objects of each load
+job that succeeded (``LoadJob.tiers`` / ``sizes``), counted around ``WorkerSide.load``.
 
 Both: host bytes held count the host tier only; disk bytes are those the disk tier's own
 accounting holds (fs tier: its block files, each one page-aligned chunk; ours: the NVMe
@@ -88,7 +88,7 @@ class DiskRun:
     # ---------------------------------------------------------------- per step
     def after_step(self) -> None:
         """Wait for vLLM's fs tier threads (module docstring; ours-nvme's tier ops are
-        waited for inside every step of any of ours' runs: ``run._ours_settle``)."""
+        waited for by ``run._drive`` after every step of any of ours' runs)."""
         if not self.fs:
             return
         from vllm.v1.kv_offload.tiering.async_lookup import LookupPhase

@@ -4,7 +4,6 @@ head-to-head's runner and the test harness, so both drive a connector exactly as
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 
@@ -16,19 +15,14 @@ def before_forward(conn: Any, so: Any) -> None:
         conn.start_load_kv(None)
 
 
-def after_forward(conn: Any, so: Any, settle: Callable[[], None] | None = None) -> Any:
+def after_forward(conn: Any, so: Any) -> Any:
     """Asynchronous loads, this step's saves, then what finished: the step's
-    ``KVConnectorOutput`` (metadata cleared, as the mixin does). ``settle`` (the
-    head-to-head's runs of ours) waits for the tier ops this step queued before the worker
-    reports what finished, so every op is reported in the step that issued it whatever the
-    speed of the threads running them."""
+    ``KVConnectorOutput`` (metadata cleared, as the mixin does)."""
     from vllm.v1.outputs import KVConnectorOutput
 
     if not so.has_sync_kv_loads:
         conn.start_load_kv(None)
     conn.wait_for_save()
-    if settle is not None:
-        settle()
     res = conn.get_transfer_results(set(so.finished_req_ids))
     out = KVConnectorOutput(finished_sending=res.finished_sending,
                             finished_recving=res.finished_recving,

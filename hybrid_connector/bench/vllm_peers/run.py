@@ -3,11 +3,11 @@
 Requests arrive closed-loop in trace order: up to ``concurrency`` run at once, and a
 request waits while an earlier request of its session is still running (its prompt holds
 that request's answer). Each request asks for its recorded answer's length and samples the
-recorded tokens (``runner``). In each engine step ours waits for the tier ops the step
-queued (``WorkerSide.flush``) after its saves and before its worker reports what finished
-(``mixin_order.after_forward``), as the peers' stand-ins finish every job in the step that
-issued it: every op is reported to the index in the step that issued it, so a run does not
-depend on thread speed and repeats exactly. Measured per run:
+recorded tokens (``runner``). After each engine step ours waits for its worker's tier ops
+(``WorkerSide.flush``), as the peers' stand-ins finish every job in the step that issued
+it, and its worker reports them in the next step (``_StepReports``: never in the step that
+issued them, whether or not a fast thread ran them before the worker's report), so a run
+does not depend on thread speed and repeats exactly. Measured per run:
 
 * ``hit_tokens``: per request, ``num_computed_tokens`` when vLLM first schedules it (vLLM's
   local prefix hit plus the connector's external hit, as vLLM's scheduler decided them);
@@ -35,7 +35,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +110,7 @@ def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
         vb.bind_backend(vc, cfg, vb.backend_class(eng.BACKEND))
     sched = None
     try:
-        runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND, settle=_ours_settle(p, worker))
+        runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND)
         if p.name == "simple" and worker is not None:  # the engine core hands the workers' block count to the scheduler
             vc.cache_config.simple_cpu_offload_num_blocks = worker.worker_handler.num_cpu_blocks
         sched = eng.make_scheduler(vc, cfg, shape.block)
@@ -139,9 +138,15 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         return (disk.host_bytes(sched, worker) if disk is not None
                 else st.held_bytes(p.name, sched, worker))
 
-    def settle() -> None:  # ours' tier ops: waited for inside the step (_ours_settle)
+    reports = _StepReports(worker.worker) if p.name.startswith("ours") and worker is not None else None
+
+    def settle() -> None:
         if disk is not None:
             disk.after_step()  # vLLM's fs tier threads
+        if reports is not None:
+            # our tier ops run on the executor's threads; wait for them so that a run does
+            # not depend on their speed (the peers' stand-ins finish every job in its step)
+            reports.settle()
 
     pending: deque[tuple[str, list[int], int]] = deque()
     session_of: dict[str, str] = {}
@@ -194,8 +199,8 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         tally.take(sched.update_from_output(so, runner.step(so)))
         settle()
     if p.name.startswith("ours"):
-        _settle(sched, runner, tally)
-    held = held_now()
+        _settle(sched, runner, tally, settle)
+    held_b = held_now()
     s_loaded, s_stored = st.moved_bytes(p.name, worker)  # (0, 0) for ours: its own counters
     loaded, stored = ((tally.conn.get("loaded_bytes", 0), tally.conn.get("saved_bytes", 0))
                       if p.name.startswith("ours") else (s_loaded, s_stored))
@@ -209,8 +214,8 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         "prompt_tokens": prompt_total, "hit_tokens": hits, "vllm_hits": int(tally.vllm_hits),
         "hit_rate": hits / prompt_total if prompt_total else 0.0,
         "recomputed": int(runner.computed_prompt_tokens),
-        "held_bytes": held, "peak_bytes": max(peak, held),
-        "bytes_per_hit_token": max(peak, held) / hits if hits else None,
+        "held_bytes": held_b, "peak_bytes": max(peak, held_b),
+        "bytes_per_hit_token": max(peak, held_b) / hits if hits else None,
         "loaded_bytes": int(loaded), "stored_bytes": int(stored),
         "stored_bytes_per_hit_token": stored / hits if hits else None,
         "sched_ms_mean": float(ms.mean()), "sched_ms_p50": float(np.percentile(ms, 50)),
@@ -223,27 +228,41 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     }
 
 
-def _ours_settle(p: st.Peer, worker: Any) -> Callable[[], None] | None:
-    """For ours: wait for the tier ops of a step before the worker reports (the runner calls
-    it after ``wait_for_save``). Waiting after the step instead (when the engine's own
-    ``update_from_output`` has taken the reports) let thread speed decide whether a save's
-    completion reached the index in its own step or the next, hence which later lookups saw
-    it: repeats of one run differed by up to 1% in hit tokens."""
-    if not p.name.startswith("ours") or worker is None:
-        return None
-    return partial(worker.worker.flush, SETTLE_TIMEOUT_S)
+class _StepReports:
+    """Our worker's op reports, handed to vLLM one step after the step that issued the ops.
+    ``WorkerSide.take_reports`` returns what the tier threads finished so far, and the
+    worker takes it right after the step's saves are queued: a thread that ran a save
+    before that had it reach the index a step earlier than a slower one, so later lookups
+    saw other objects (repeats of the quick differed by up to 1% in hit tokens). Here the
+    worker takes exactly the reports collected at the end of the previous step (``settle``:
+    after every op submitted so far has run)."""
+
+    def __init__(self, side: Any) -> None:
+        self.side = side
+        self._take = side.take_reports
+        self.ready: list[Any] = []
+        side.take_reports = self.take
+
+    def take(self) -> list[Any]:
+        out, self.ready = self.ready, []
+        return out
+
+    def settle(self) -> None:
+        self.side.flush(SETTLE_TIMEOUT_S)
+        self.ready.extend(self._take())
 
 
-def _settle(sched: Any, runner: Any, tally: _Tally, deadline_s: float = 30.0) -> None:
+def _settle(sched: Any, runner: Any, tally: _Tally, settle: Callable[[], None],
+            deadline_s: float = 30.0) -> None:
     """Step the idle engine until our connector's in-flight saves are reported (they come
     back a step or more after the copy)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         so = sched.schedule()
         tally.take(sched.update_from_output(so, runner.step(so)))
+        settle()
         if not sched.requests:
             return
-        time.sleep(0.01)
 
 
 def _ours_stats(name: str, sched: Any) -> dict[str, Any]:

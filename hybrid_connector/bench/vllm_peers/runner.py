@@ -16,14 +16,11 @@ forcing), so a later turn's prompt can hit on an earlier turn's answer.
 
 The step follows ``KVConnectorModelRunnerMixin`` and ``gpu_model_runner``: ``handle_preemptions``,
 ``bind_connector_metadata``, ``start_load_kv`` (before the forward for sync loads, after
-it otherwise), ``wait_for_save``, ``get_transfer_results`` and the worker metadata; for
-ours, the step's tier ops are waited for between ``wait_for_save`` and the reports
-(``settle``: ``run._ours_settle``), so a run does not depend on its threads' speed.
+it otherwise), ``wait_for_save``, ``get_transfer_results`` and the worker metadata.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,11 +59,10 @@ class _Req:
 
 class Runner:
     """Executes scheduler outputs (module docstring). ``outputs[rid]``: the tokens request
-    ``rid`` samples (its recorded answer); ``settle``: called after the connector's saves of
-    each step, before it reports (``mixin_order.after_forward``)."""
+    ``rid`` samples (its recorded answer)."""
 
     def __init__(self, cfg: Any, bufs: dict[str, torch.Tensor], connector: Any | None,
-                 block: int, backend: str, settle: Callable[[], None] | None = None) -> None:
+                 block: int, backend: str) -> None:
         from vllm.v1.kv_cache_interface import MambaSpec
 
         from hybrid_connector.bench.vllm_peers import buffers as vb
@@ -80,7 +76,6 @@ class Runner:
                       for g, grp in enumerate(cfg.kv_cache_groups) for n in grp.layer_names
                       if isinstance(grp.kv_cache_spec, MambaSpec)]
         self.connector = connector
-        self.settle = settle
         if connector is not None:
             connector.register_kv_caches(bufs)
         self.outputs: dict[str, list[int]] = {}
@@ -174,6 +169,6 @@ class Runner:
                 sampled.append([])
         out = None
         if conn is not None:
-            out = after_forward(conn, so, self.settle)
+            out = after_forward(conn, so)
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled, kv_connector_output=out)

@@ -1,6 +1,6 @@
 """A run of ours in the head-to-head has the same figures however fast its worker's tier
 threads run: after each step the runner waits for the tier ops and hands their reports to
-vLLM in the next step, never in the step that issued them (``run._StepReports``). Checked
+vLLM in the next step, never in the step that issued them (``run.StepReports``). Checked
 at the two extremes of thread speed: every op run in the submitting thread (done before
 the worker reports in its own step) and every op held on its lanes until someone calls
 ``Executor.flush``. Before the fix the immediate run's saves reached the index a step

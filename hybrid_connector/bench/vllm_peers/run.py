@@ -5,7 +5,7 @@ request waits while an earlier request of its session is still running (its prom
 that request's answer). Each request asks for its recorded answer's length and samples the
 recorded tokens (``runner``). After each engine step ours waits for its worker's tier ops
 (``WorkerSide.flush``), as the peers' stand-ins finish every job in the step that issued
-it, and its worker reports them in the next step (``_StepReports``: never in the step that
+it, and its worker reports them in the next step (``StepReports``: never in the step that
 issued them, whether or not a fast thread ran them before the worker's report), so a run
 does not depend on thread speed and repeats exactly. Measured per run:
 
@@ -138,7 +138,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         return (disk.host_bytes(sched, worker) if disk is not None
                 else st.held_bytes(p.name, sched, worker))
 
-    reports = _StepReports(worker.worker) if p.name.startswith("ours") and worker is not None else None
+    reports = StepReports(worker.worker) if p.name.startswith("ours") and worker is not None else None
 
     def settle() -> None:
         if disk is not None:
@@ -228,7 +228,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     }
 
 
-class _StepReports:
+class StepReports:
     """Our worker's op reports, handed to vLLM one step after the step that issued the ops.
     ``WorkerSide.take_reports`` returns what the tier threads finished so far, and the
     worker takes it right after the step's saves are queued: a thread that ran a save

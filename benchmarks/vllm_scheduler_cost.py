@@ -144,12 +144,15 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     from vllm.utils.gc_utils import freeze_gc_heap
 
     sched = h.make_scheduler(vc, cfg)
-    worker = None
+    worker = reports = None
     if name in HYBRID:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
+        from hybrid_connector.bench.vllm_peers.run import StepReports
+
         worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
+        reports = StepReports(worker.worker)  # op reports one step after their ops, always
     runner = (OffloadingStandIn if name == "offloading" else TimingRunner)(cfg, worker)
     pending = [h.make_request(f"r{i}", p, n) for i, (p, n) in enumerate(reqs)]
     pending.reverse()
@@ -184,6 +187,8 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
         if profile is not None:
             profile.disable()
         times.append(t1 - t0 + t3 - t2)
+        if reports is not None:
+            reports.settle()  # untimed: the tier threads' ops of this step, run
     else:
         raise AssertionError("scheduler did not finish")
     gc.unfreeze()  # as vLLM does at shutdown: the next run starts from a collectable heap

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from hybrid_connector.tiers.executor import Executor
+from op_speed import held, immediate
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ("hit_tokens", "vllm_hits", "recomputed", "loaded_bytes", "stored_bytes",
@@ -35,54 +34,18 @@ def _run(tmp: Path, multiple: float) -> dict[str, Any]:
     return {k: row[k] for k in FIGURES}
 
 
-def _immediate(mp: pytest.MonkeyPatch) -> None:
-    """Every op batch runs in the thread that submits it (the fastest lanes possible)."""
-    submit = Executor.submit
-
-    def inline_submit(self: Executor, *a: Any, **kw: Any) -> Any:
-        was, self.inline = self.inline, True
-        try:
-            return submit(self, *a, **kw)
-        finally:
-            self.inline = was
-
-    mp.setattr(Executor, "submit", inline_submit)
-
-
-def _held(mp: pytest.MonkeyPatch, go: threading.Event) -> None:
-    """Every op batch waits on its lanes until ``flush`` is called (or a minute passes, so
-    a run that never flushes still ends): the slowest lanes a run can wait for."""
-    submit, flush = Executor.submit, Executor.flush
-
-    def held_submit(self: Executor, *a: Any, **kw: Any) -> Any:
-        if not self.inline:
-            for lane in self._lanes.values():
-                lane.submit(go.wait, 60.0)
-        return submit(self, *a, **kw)
-
-    def releasing_flush(self: Executor, timeout: float | None = None) -> None:
-        go.set()
-        try:
-            flush(self, timeout)
-        finally:
-            go.clear()
-
-    mp.setattr(Executor, "submit", held_submit)
-    mp.setattr(Executor, "flush", releasing_flush)
-
-
 @pytest.mark.parametrize("multiple", [0.25, 1.0])  # evicting, and not
 def test_ours_figures_do_not_depend_on_when_its_tier_ops_complete(
         tmp_path: Path, multiple: float) -> None:
     pytest.importorskip("vllm")
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     with pytest.MonkeyPatch.context() as mp:
-        _immediate(mp)
+        immediate(mp)
         fast = _run(tmp_path / "fast", multiple)
     go = threading.Event()
     try:
         with pytest.MonkeyPatch.context() as mp:
-            _held(mp, go)
+            held(mp, go)
             slow = _run(tmp_path / "slow", multiple)
     finally:
         go.set()

@@ -30,6 +30,7 @@ from vllm_support import BACKEND, BLOCK, LAYOUT, allocate
 from hybrid_connector.bench.vllm_peers import engine as eng
 from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_forward
 from hybrid_connector.bench.vllm_peers.prefix_hash import prefix_hash
+from hybrid_connector.bench.vllm_peers.run import StepReports
 from hybrid_connector.bench.vllm_peers.sched_output import apply_scheduler_output
 
 
@@ -77,6 +78,10 @@ class Runner:
             if vc is not None:
                 vb.bind_backend(vc, cfg, vb.backend_class(backend))
             connector.register_kv_caches(self.bufs)
+        # our worker's op reports reach vLLM exactly one step after their ops, however fast
+        # its tier threads run: a test's hits must not depend on the machine's load
+        side = getattr(connector, "worker", None)
+        self.reports = StepReports(side) if hasattr(side, "take_reports") else None
         self.vocab = vocab
         self.rank = rank  # a TP rank's shard: its bytes differ from the other ranks'
         self.reqs: dict[str, Req] = {}
@@ -161,6 +166,8 @@ class Runner:
                 sampled.append([])
         if conn is not None:
             out = after_forward(conn, so)
+        if self.reports is not None:
+            self.reports.settle()
         return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                  sampled_token_ids=sampled, kv_connector_output=out)
 

@@ -10,9 +10,10 @@ from hybrid_connector.core.sizes import Bytes
 
 __all__ = ["DEFAULT_SPLIT", "POOLED_TIERS", "PoolBudget", "Pools", "Strict", "TierReadRates"]
 
-POOLED_TIERS = ("device", "host")  # the slab tiers: KV and states may share a budget there
+POOLED_TIERS = ("device", "host", "disk")  # KV and states may share a budget there
 # Default split of a tier's total when only its size key is given: device and host give KV
 # and states one shared budget (the split follows the workload), disk one pool per kind.
+POOLED_BY_DEFAULT = ("device", "host")
 DEFAULT_SPLIT = {"kv_state": 0.9, "anchor": 0.1}
 DEFAULT_SPLIT_PER_KIND = {"kv": 0.6, "state": 0.3, "anchor": 0.1}
 
@@ -53,7 +54,7 @@ class PoolBudget(Strict):
     def split(cls, tier: str, total: int) -> PoolBudget:
         """``tier``'s budget from its size key alone (``DEFAULT_SPLIT`` or, where KV and
         states cannot share, ``DEFAULT_SPLIT_PER_KIND``)."""
-        split = DEFAULT_SPLIT if tier in POOLED_TIERS else DEFAULT_SPLIT_PER_KIND
+        split = DEFAULT_SPLIT if tier in POOLED_BY_DEFAULT else DEFAULT_SPLIT_PER_KIND
         return cls(**{k: int(total * f) for k, f in split.items()})
 
     def kinds(self) -> dict[str, int]:
@@ -85,10 +86,10 @@ class Pools(Strict):
 
     @model_validator(mode="after")
     def _pooled_tiers(self) -> Pools:
-        for name in ("disk", "remote"):
+        for name in ("remote",):
             pool: PoolBudget | None = getattr(self, name)
             if pool is not None and pool.pooled:
                 raise ValueError(f"pools.{name}.kv_state: one budget for KV and states is "
-                                 f"implemented for the {' and '.join(POOLED_TIERS)} tiers "
+                                 f"implemented for the {', '.join(POOLED_TIERS)} tiers "
                                  "only; give this tier kv and state")
         return self

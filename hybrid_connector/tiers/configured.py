@@ -69,7 +69,7 @@ def build_tiers(config: HybridConfig, device: torch.device | str | None = None,
             tiers.append(NvmeTier(
                 disk_path if disk_path is not None else str(config.disk_path), b,
                 zstd=zstd_kinds(config), fsync=config.disk_fsync,
-                verify_reads=config.disk_verify_reads))
+                verify_reads=config.disk_verify_reads, joint=_joint(config, name)))
         else:
             tiers.append(RemoteTier(
                 str(config.remote_url), b, serde=config.remote_serde,

@@ -42,7 +42,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -72,10 +72,11 @@ _TOMB_RE = re.compile(r"^\.([0-9a-f]{40})\.tomb$")  # ".<digest>.tomb"
 class NvmeTier(IndexedTier):
     """Files in ``path``; see the module docstring and ``hybrid_connector.tiers.tier.Tier``.
 
-    ``io_threads``: workers for the files of one batch (1: all on the caller's thread).
-    Raises ValueError if ``path`` exists and is not a directory (or ``io_threads`` < 1),
-    ``hybrid_connector.tiers.dirlock.DirectoryLocked`` if a live store holds it, OSError if it cannot be
-    created. Everything after construction reports failures as misses or False.
+    ``io_threads``: workers for the files of one batch (1: all on the caller's thread);
+    ``joint``: kinds sharing one budget (``pools.disk.kv_state``). Raises ValueError if
+    ``path`` exists and is not a directory (or ``io_threads`` < 1), ``DirectoryLocked`` if
+    a live store holds it, OSError if it cannot be created. Everything after construction
+    reports failures as misses or False.
     """
 
     slow = True
@@ -90,8 +91,9 @@ class NvmeTier(IndexedTier):
         verify_on_start: bool = False,
         verify_reads: bool = True,
         io_threads: int = 4,
+        joint: Collection[ObjectKind] = (),
     ) -> None:
-        super().__init__(name, budgets)
+        super().__init__(name, budgets, joint)
         self._pool = IoPool(io_threads, f"nvme-{name}")
         self._heads = HeadCache()  # validated headers: a read compares bytes, not parses
         self.path = Path(path)
@@ -163,12 +165,11 @@ class NvmeTier(IndexedTier):
         found.sort(key=lambda x: x[0], reverse=True)
         kept: list[TierRecord] = []
         for _, e in found:
-            k = e.key.kind
-            if self._used[k] + e.nbytes > self._budget[k]:
+            if self._pool_used(e.key.kind) + e.nbytes > self._budget[e.key.kind]:
                 self.dropped_at_start.append(str(e.handle))
                 self._unlink(self._file(e.key))
                 continue
-            self._used[k] += e.nbytes
+            self._used[e.key.kind] += e.nbytes
             kept.append(e)
         for e in reversed(kept):
             self._lru[e.key.kind][e.key] = e

@@ -42,8 +42,8 @@ def test_explicit_kv_state_and_env_override() -> None:
     ({"pools": {"host": {"kv_state": "2GB", "kv": "1GB", "state": "1GB"}}}, "kv and state"),
     ({"pools": {"host": {"kv_state": "2GB", "state": 0}}}, "and state are both set"),
     ({"pools": {"host": {"kv_state": "5GB", "anchor": "1GB"}}}, "exceeds max_local_cpu_size"),
-    ({"local_disk": "/tmp/x", "max_local_disk_size": 10,
-      "pools": {"disk": {"kv_state": "1GB"}}}, "pools.disk.kv_state"),
+    ({"remote_url": "redis://127.0.0.1:6379", "pools": {"remote": {"kv_state": "1GB"}}},
+     "pools.remote.kv_state"),
     ({"local_cpu": False, "pools": {"host": {"kv_state": "1GB"}}}, "local_cpu is false"),
 ])
 def test_contradictions_are_refused(over: dict[str, object], needle: str) -> None:

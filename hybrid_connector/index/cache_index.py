@@ -27,7 +27,6 @@ workers) changes only through the ``StateTable``'s methods (``IndexCore.table``)
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -39,6 +38,7 @@ from hybrid_connector.core.meta import ObjectMeta
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.discovery import Found, SharedView, discover
 from hybrid_connector.index.hit import Hit, Usable, UsableNow, find_hit, kv_chain
+from hybrid_connector.index.integrity import check_index
 from hybrid_connector.index.plan import SLOW_TIERS, LoadPlan, ObjectSpec, PlannedObject
 from hybrid_connector.index.rebuild import Rebuilt, adopt_reported, relink
 from hybrid_connector.index.reclaim import Reclaimer
@@ -49,7 +49,7 @@ from hybrid_connector.policies.base import SavePlan
 from hybrid_connector.policies.eviction.tier_value import TierValue
 from hybrid_connector.tiers.backend import Backend
 from hybrid_connector.tiers.store import StoreHooks
-from hybrid_connector.tree.radix import IntegrityError, MatchResult, Node, ObjectRef
+from hybrid_connector.tree.radix import MatchResult, Node, ObjectRef
 
 
 class CacheIndex(IndexCore):
@@ -186,15 +186,27 @@ class CacheIndex(IndexCore):
         """Where admission wants checkpoints while ``tokens`` (a prompt) is prefilled, by
         speculative insertion. No side effects. Raises ValueError for a bad alignment."""
         arr = as_tokens(tokens)
-        align = self._alignment(alignment)
         with self.lock:
-            m = self.tree.match_tokens(arr)
-            positions = self.admission.state_positions(self.tree, m, arr, align)
+            m, positions = self._admitted(arr, self._alignment(alignment))
             doomed = self.table.unusable_sets()[1]
             _, reach = kv_chain(m, self.max_kv_len, (lambda k: k not in doomed) if doomed else None,
                                 needs_kv=self.needs_kv)
             kv_from = reach - reach % self.config.chunk_size
             return SavePlan(tuple(sorted(set(positions))), branch_point(m, int(arr.size)), kv_from)
+
+    def state_positions(self, tokens: Sequence[int] | np.ndarray,
+                        alignment: int | None = None) -> set[int]:
+        """``set(plan_saves(tokens, alignment).state_positions)`` without the rest of the
+        plan (its KV reach and branch point). Admission is asked exactly as ``plan_saves``
+        asks it (it may learn from the query). Raises ValueError for a bad alignment."""
+        arr = as_tokens(tokens)
+        with self.lock:
+            return set(self._admitted(arr, self._alignment(alignment))[1])
+
+    def _admitted(self, arr: np.ndarray, align: int) -> tuple[MatchResult, Sequence[int]]:
+        """The match of ``arr`` and admission's state positions over it; under the lock."""
+        m = self.tree.match_tokens(arr)
+        return m, self.admission.state_positions(self.tree, m, arr, align)
 
     # ---------------------------------------------------------------- leases
     def acquire(self, plan: LoadPlan) -> Lease | None:
@@ -357,41 +369,8 @@ class CacheIndex(IndexCore):
 
     # ---------------------------------------------------------------- integrity
     def check_integrity(self) -> None:
-        """Tree invariants, the table's (``StateTable.check``), plus: every ref is placed at
-        its node, doomed keys are locked checkpoints, and every lock belongs to an active
-        lease. Raises ``IntegrityError``."""
-        with self.lock:
-            self.tree.check_integrity()
-            self.table.check()
-            where = self.table.placement()
-            seen = 0
-            for node in self.tree.nodes():
-                for r in [*node.kv.values(), *node.anchors.values(),
-                          *([node.state] if node.state else [])]:
-                    seen += 1
-                    if where.get(r.key) != node.id:
-                        raise IntegrityError(f"{r.key} not indexed at node {node.id}")
-                    if r.key.fingerprint != self.fingerprint:
-                        raise IntegrityError(f"{r.key} has a foreign fingerprint")
-            if seen != len(where):
-                raise IntegrityError(f"{len(where) - seen} indexed keys are not in the tree")
-            for key in self.table.doomed_keys():
-                holder = self.tree.node(where.get(key, -1))
-                if (holder is None or holder.state is None or holder.state.key != key
-                        or not holder.state_lock):
-                    raise IntegrityError(f"doomed {key} is not a locked checkpoint")
-            want: Counter[tuple[str, int]] = Counter()
-            for lease in self.table.active_leases().values():
-                want.update(("kv", n) for n in lease.kv_nodes)
-                want.update(("anchor", n) for n in lease.anchor_nodes)
-                if lease.state_node:
-                    want[("state", lease.state_node)] += 1
-            for node in self.tree.nodes():
-                for what, have in (("kv", node.kv_lock_own), ("state", node.state_lock),
-                                   ("anchor", node.anchor_lock)):
-                    if have != want[(what, node.id)]:
-                        raise IntegrityError(f"{node}: {have} {what} locks, leases hold "
-                                             f"{want[(what, node.id)]}")
+        """See ``hybrid_connector.index.integrity.check_index``. Raises ``IntegrityError``."""
+        check_index(self)
 
     def close(self) -> None:
         """Stop the policy's tuner and detach from the backend (which stays open)."""

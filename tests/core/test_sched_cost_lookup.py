@@ -4,7 +4,7 @@
   plan of the full lookup whenever that one reaches past ``f``; otherwise a miss whose
   ``matched_tokens`` is the full lookup's and no more than ``f`` (the caller then answers
   "no hit", as it did for the full plan).
-* ``checkpoints.admission_positions``: ``plan_saves``' state positions, admission asked
+* ``CacheIndex.state_positions``: ``plan_saves``' state positions, admission asked
   the same way (a placement hook learns from each query: two indexes, one asked each way,
   stay in step).
 """
@@ -14,8 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cache_support import ALIGN, make_cache, save_seq
-
-from hybrid_connector.integrations.vllm.checkpoints import admission_positions
 
 
 def _fill(cache, rng: np.random.Generator, trunks: list[np.ndarray], n: int) -> None:
@@ -59,7 +57,7 @@ def test_lookup_with_a_floor_decides_as_the_full_lookup(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_admission_positions_are_plan_saves_positions(seed: int) -> None:
+def test_state_positions_are_plan_saves_positions(seed: int) -> None:
     rng = np.random.default_rng(seed)
     # a placement hook learns from every query: both indexes must be asked alike
     caches = [make_cache(kv=3000, state=400, eviction="lru", placement_slots=4,
@@ -74,6 +72,6 @@ def test_admission_positions_are_plan_saves_positions(seed: int) -> None:
         q = _query(qrng, trunks)
         align = int(qrng.choice([1, ALIGN]))
         want = set(caches[0].index.plan_saves(q, alignment=align).state_positions)
-        assert admission_positions(caches[1].index, q, align) == want
+        assert caches[1].index.state_positions(q, alignment=align) == want
         nonempty += bool(want)
     assert nonempty

@@ -43,7 +43,7 @@ def _gate(sched: Any) -> Any:
     from hybrid_connector.policies.admission.answers import AnswerReuse
 
     side = sched.connector.sched
-    side.prompts = PromptGate(True, side.bs, AnswerReuse(horizon=2.0))
+    side.prompts = PromptGate(side.bs, AnswerReuse(horizon=2.0))
     return side.prompts
 
 

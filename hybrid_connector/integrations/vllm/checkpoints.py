@@ -89,21 +89,19 @@ class AnswerGate:
 
 
 class PromptGate:
-    """Whether a vLLM request may save past its prompt's last block boundary (``exact``;
-    ``enabled`` off: always). Decided once per request, at the first call, by
+    """Whether a vLLM request may save past its prompt's last block boundary (``exact``).
+    Decided once per request, at the first call, by
     ``AnswerReuse.stores`` after counting the request's prompt as an arrival; a prompt that
     ends inside a block is then recorded (saved or not: a ghost). Bounded and
     deterministic; engine-core thread only."""
 
-    def __init__(self, enabled: bool, block: int, reuse: AnswerReuse | None = None) -> None:
-        self.enabled, self.block = enabled, block
+    def __init__(self, block: int, reuse: AnswerReuse | None = None) -> None:
+        self.block = block
         self.reuse = reuse if reuse is not None else AnswerReuse()
         self._decided: dict[str, bool] = {}
 
     def exact(self, request: Any) -> bool:
         """Whether ``request`` (a vLLM ``Request``) may save up to its exact prompt end."""
-        if not self.enabled:
-            return True
         rid = request.request_id
         got = self._decided.get(rid)
         if got is None:
@@ -139,27 +137,17 @@ def wanted_states(index: CacheIndex, toks: np.ndarray, cap: int, prompt: int, bl
     unless ``answers``: ``save_decode_cache``), its ``prompt`` tokens long; ``toks``: its
     tokens so far. Asks the index (no side effects on it), see the module docstring."""
     if not answers:
-        want = admission_positions(index, toks[:cap], block)
+        want = index.state_positions(toks[:cap], block)
         want.add(cap - cap % block)
         return want
     p = min(cap, prompt)
-    want = admission_positions(index, toks[:p], block)
+    want = index.state_positions(toks[:p], block)
     last = p - p % block
     if last in offered and last not in want:
         plan = index.lookup(toks[:last + 1], alignment=1, replay=False)
         if last - max(plan.num_tokens, plan.pending_tokens) >= block:
             want.add(last)
     return want
-
-
-def admission_positions(index: CacheIndex, toks: np.ndarray, block: int) -> set[int]:
-    """``set(index.plan_saves(toks, alignment=block).state_positions)`` without the rest of
-    the plan (its KV reach walks the stored chunks, its branch point: neither is needed
-    here); ``toks``: a request's checked tokens (``TokenBuffer``), ``block`` positive.
-    Admission is asked exactly as ``plan_saves`` asks it (it may learn from the query)."""
-    with index.lock:
-        m = index.tree.match_tokens(toks)
-        return set(index.admission.state_positions(index.tree, m, toks, block))
 
 
 def never_wanted(offered: list[int], upto: int, prompt: int, answers: bool) -> list[int]:

@@ -112,7 +112,7 @@ class SchedulerSide:
         self._kvb = self.index.geometry.kv_bytes_per_token()
         self._sb = self.index.geometry.state_bytes()
         self.answers = AnswerGate(config.save_decode_cache, self.index)  # checkpoints.py
-        self.prompts = PromptGate(True, self.bs)
+        self.prompts = PromptGate(self.bs)
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:

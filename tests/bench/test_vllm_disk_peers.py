@@ -94,4 +94,9 @@ def test_ours_nvme_weighs_disk_loads_at_the_modeled_rates(tmp_path: Path) -> Non
     ours = yaml.safe_dump({"pools": {"host": {"kv_state": "1MB"}}})
     text = disk_peers.nvme_yaml(ours, ROOT / "configs" / "vllm-qwen3_5.yaml", tmp_path, 1 << 20,
                                 m.load_gate())
-    assert yaml.safe_load(text)["load_gate"] == m.load_gate()
+    cfg = yaml.safe_load(text)
+    assert cfg["load_gate"] == m.load_gate()
+    # one disk budget KV and states share, as shipped; headers fit in what is left
+    assert list(cfg["pools"]["disk"]) == ["kv_state"]
+    assert cfg["pools"]["disk"]["kv_state"] == cfg["max_local_disk_size"]
+    assert int(cfg["max_local_disk_size"][:-1]) == int((1 << 20) * (1 - disk_peers.HEADER_ALLOWANCE))

@@ -12,12 +12,14 @@
 * ``ours-nvme``: ``ours-pooled`` (the shipped config at the benchmark's scale, one host
   pool for KV and states) plus the shipped config's NVMe tier: ``local_disk`` a new
   directory under the work directory, ``disk_fsync`` / ``disk_verify_reads`` as shipped,
-  ``max_local_disk_size`` = ``disk_budget`` split ``pools.disk`` KV 2 : states 1 (the
-  shipped default split 0.6 / 0.3 without its 0.1 for anchors, which stock vLLM cannot
-  replay, so none are stored). Its disk budget is matched to ``offload-fs``: the bytes
+  ``max_local_disk_size`` = ``pools.disk.kv_state`` = the disk budget less
+  ``HEADER_ALLOWANCE`` (as shipped: one budget KV and states share; no anchor pool, since
+  stock vLLM cannot replay anchors). Its disk budget is matched to ``offload-fs``: the bytes
   ``offload-fs``'s fs tier held at the end of the same trace and host budget (its files'
   sizes: one page-aligned chunk each); where ``offload-fs`` did not run, the sweep gives
-  the bytes of every block of the trace once (more than either can write).
+  the bytes of every block of the trace once (more than either can write). Ours counts
+  payload bytes against its budget and each file adds a header (key, metadata, checksums),
+  hence the allowance: its files stay within the bytes the peer's files took.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from typing import Any
 
 import yaml
 
-#: ``pools.disk``'s KV share of ``ours-nvme``'s disk budget (module docstring)
-DISK_KV_SHARE = 2 / 3
+#: share of ``ours-nvme``'s disk budget left for its files' headers (module docstring)
+HEADER_ALLOWANCE = 0.03
 
 
 def transfer(name: str, budget: int, *, work: Path, ours: str, shipped: Path,
@@ -68,11 +70,11 @@ def nvme_yaml(ours: str, shipped_path: Path, disk: Path, disk_budget: int,
     if load_gate is not None:
         cfg["load_gate"] = dict(load_gate)
     shipped = yaml.safe_load(shipped_path.read_text())
-    kv = int(disk_budget * DISK_KV_SHARE)
-    cfg.update({"local_disk": str(disk), "max_local_disk_size": f"{disk_budget}B",
+    payload = int(disk_budget * (1 - HEADER_ALLOWANCE))
+    cfg.update({"local_disk": str(disk), "max_local_disk_size": f"{payload}B",
                 "disk_fsync": bool(shipped.get("disk_fsync", True)),
                 "disk_verify_reads": bool(shipped.get("disk_verify_reads", True))})
-    cfg["pools"]["disk"] = {"kv": f"{kv}B", "state": f"{disk_budget - kv}B", "anchor": "0B"}
+    cfg["pools"]["disk"] = {"kv_state": f"{payload}B"}
     return yaml.safe_dump(cfg, sort_keys=False)
 
 

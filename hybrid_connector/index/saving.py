@@ -84,17 +84,21 @@ class Saver:
         self._next = 1
         self._failed: dict[int, list[Rejection]] = {}  # ticket id -> puts that failed
         self._anchor_bytes: int | None = None
+        geo = index.geometry  # fixed: ``object_nbytes`` of a KV token and of a state
+        self._kv_per_token, self._state_bytes = geo.kv_bytes_per_token(), geo.state_bytes()
         self._shared = index.ledger.shared_tier  # fixed by the ledger's tiers
 
     # ------------------------------------------------------------------ checks
     def expected_nbytes(self, kind: ObjectKind, start: int, end: int) -> int:
         """Payload bytes the geometry gives an object (per TP rank): ``end - start`` tokens
         of KV, one checkpoint, or one page's anchor block."""
-        if kind is ObjectKind.ANCHOR:
-            if self._anchor_bytes is None:  # fixed by the geometry and the config
-                self._anchor_bytes = object_nbytes(self.ix.geometry, self.ix.config, kind, 0, 0)
-            return self._anchor_bytes
-        return object_nbytes(self.ix.geometry, self.ix.config, kind, start, end)
+        if kind is ObjectKind.KV:
+            return (end - start) * self._kv_per_token
+        if kind is ObjectKind.STATE:
+            return self._state_bytes
+        if self._anchor_bytes is None:  # fixed by the geometry and the config
+            self._anchor_bytes = object_nbytes(self.ix.geometry, self.ix.config, kind, 0, 0)
+        return self._anchor_bytes
 
     def _check(self, sp: ObjectSpec, n: int) -> str | None:
         if sp.end > n or (sp.kind is ObjectKind.STATE and sp.end == 0):
@@ -120,9 +124,11 @@ class Saver:
         """Unindex objects of this save that the index lists but the tiers lost without
         telling (a restarted remote), so they are stored again instead of "present"."""
         ix = self.ix
-        table, where = ix.table, ix.ledger.where
+        placed, where = ix.table.placement(), ix.ledger.where
+        pending, doomed = ix.table.unusable_sets()
         with ix.ledger.lock:  # one pass: indexed, usable, and no tier has it
-            lost = [k for k in keys if k in table and table.usable(k) and where(k) is None]
+            lost = [k for k in keys if k in placed and k not in pending and k not in doomed
+                    and where(k) is None]
         out = Effects()
         for key in lost:
             out += self.reclaim.unindex(key)
@@ -143,7 +149,7 @@ class Saver:
         ix = self.ix
         arr = as_tokens(tokens)
         hasher: Hashes = hashes if hashes is not None else PrefixHasher(arr, ix.config.hash_block_size)
-        order = sorted(range(len(specs)), key=lambda i: (specs[i].end, specs[i].kind.value))
+        order = sorted(range(len(specs)), key=lambda i: (specs[i].end, specs[i].kind))  # StrEnum: by value
         keys: list[ObjectKey | None] = [None] * len(specs)
         metas: dict[ObjectKey, ObjectMeta] = {}
         refused: list[Rejection] = []
@@ -163,6 +169,7 @@ class Saver:
                 out += self._heal(list(cand.values()))
                 batch: set[ObjectKey] = set()
                 size = int(arr.size)
+                placed, doomed = ix.table.placement(), ix.table.unusable_sets()[1]
                 for i in order:
                     sp = specs[i]
                     reason = self._check(sp, size)
@@ -172,7 +179,7 @@ class Saver:
                     key = cand[i]
                     # indexed and ready, or its put is in flight (another save's, still
                     # pending): present, never placed twice
-                    if ((key in ix.table and not ix.table.is_doomed(key)) or key in batch
+                    if ((key in placed and key not in doomed) or key in batch
                             or self._covered(leaf, key)):
                         present += 1
                         continue

@@ -163,8 +163,8 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         assert self.sched is not None
-        ids = tuple(tuple(x) for x in blocks.get_block_ids())
-        self.sched.allocated(request, ids, num_external_tokens)
+        self.sched.allocated(request, lambda: tuple(tuple(x) for x in blocks.get_block_ids()),
+                             num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self.sched is not None

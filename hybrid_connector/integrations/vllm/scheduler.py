@@ -78,6 +78,7 @@ class Tracked(RequestProgress):
     tail_blocks: dict[int, int] | None = None
     sources: dict[Any, int] | None = None
     discovered: bool = False
+    gated: bool = False  # ``save_cap`` asked once: the gates' decisions are made
 
     def saved_states(self, positions: list[int]) -> None:
         self.states_saved.update(positions)
@@ -156,8 +157,9 @@ class SchedulerSide:
         rec.plan, rec.plan_base = plan, num_computed
         return plan.num_tokens - num_computed, True
 
-    def allocated(self, request: Any, block_ids: BlockIds, num_external: int) -> None:
-        """vLLM's ``update_state_after_alloc``: lease the plan and queue its load."""
+    def allocated(self, request: Any, block_ids: Callable[[], BlockIds], num_external: int) -> None:
+        """vLLM's ``update_state_after_alloc``: lease the plan and queue its load
+        (``block_ids``: the request's blocks, asked only for a load)."""
         rec = self._progress.get(request.request_id)
         plan = rec.plan if rec is not None else None
         if rec is None or plan is None:
@@ -178,7 +180,7 @@ class SchedulerSide:
                      if o.ref.key.kind is not ObjectKind.KV or o.ref.key.end > local)
         self._loads.append(LoadJob(
             request.request_id, job, local, end, tuple(o.ref.key for o in objs),
-            tuple(o.tier for o in objs), tuple(o.ref.nbytes for o in objs), block_ids))
+            tuple(o.tier for o in objs), tuple(o.ref.nbytes for o in objs), block_ids()))
         self._leases[job] = (plan, lease)
         self.stats.loads += 1
         self.stats.loaded_tokens += end - local
@@ -215,11 +217,11 @@ class SchedulerSide:
         rec = self._progress.get(request.request_id)
         if rec is None:
             return None
-        cap = save_cap(self.answers, self.prompts, request, end)
-        chunk = self.config.chunk_size
-        kv_from = rec.kv_saved
-        kvb = self._kvb
+        chunk, kv_from, kvb = self.config.chunk_size, rec.kv_saved, self._kvb
         unsaved = bool(self.groups.recurrent and rec.open_offers)
+        if rec.gated and not unsaved and (not kvb or end - end % chunk <= kv_from):
+            return None  # as below (cap <= end), once the gates decided: no need to ask
+        cap, rec.gated = save_cap(self.answers, self.prompts, request, end), True
         if not unsaved and (not kvb or cap - cap % chunk <= kv_from):
             return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)
         toks = rec.tokens.view(request.all_token_ids, request.num_tokens)[:end]

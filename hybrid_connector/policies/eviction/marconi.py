@@ -61,7 +61,7 @@ _RANKED = (ObjectKind.KV, ObjectKind.STATE)
 PRELOG = 4000  # requests kept for a tuner built at the first eviction
 
 
-_KINDS = tuple(ObjectKind)  # iterating the enum itself is slow on the hot path
+_KV, _STATE, _ANCHOR = ObjectKind.KV, ObjectKind.STATE, ObjectKind.ANCHOR
 
 
 class _Entry:
@@ -330,38 +330,43 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
             self._refresh(node)
 
     def _refresh(self, node: Node) -> None:
-        entry = self._entries.get(node.id)
+        # ``structural_key`` and ``eligible`` inlined (the hot path of every sync)
+        nid = node.id
+        entry = self._entries.get(nid)
         if entry is None:
-            entry = self._entries[node.id] = _Entry(node)
-        assert node.parent is not None
-        entry.parent_id = node.parent.id
-        self.guard.refresh(node, self.tree.bytes[ObjectKind.KV] + self.tree.bytes[ObjectKind.STATE],
-                           self._now)
-        status = (node.state is not None, min(len(node.children), 2))
-        skey = structural_key(node)
-        passes_through = status == (False, 1)  # chains below walk through this node
-        if entry.status is not None and (
-            status != entry.status
-            or (passes_through and entry.skey is not None and skey[1] != entry.skey[1])
-        ):
-            self._dirty_chain_below(node)
+            entry = self._entries[nid] = _Entry(node)
+        cur = node.parent
+        assert cur is not None
+        entry.parent_id, tb = cur.id, self.tree.bytes
+        self.guard.refresh(node, tb[_KV] + tb[_STATE], self._now)
+        n, has_state = len(node.children), node.state is not None
+        status = (has_state, n if n < 2 else 2)
+        while cur.parent is not None and cur.state is None and len(cur.children) == 1:
+            cur = cur.parent  # base_depth: the nearest ancestor standing on its own
+        skey = (node.depth, cur.depth, has_state, not n)
+        old = entry.status
+        if old is not None and (status != old or (
+                status == (False, 1) and entry.skey is not None and skey[1] != entry.skey[1])):
+            self._dirty_chain_below(node)  # chains below walk through this node
         entry.status = status
         if skey != entry.skey:
             entry.skey = skey
             entry.eff = self.accounting.efficiency(*skey)
-        for kind in _KINDS:
-            want = (node.last_access, entry.eff) if eligible(node, kind) else None
-            have = entry.keys.get(kind)
+        on, keys = (node.last_access, entry.eff), entry.keys
+        for kind, ok in ((_KV, not n), (_STATE, has_state and n <= 1),
+                         (_ANCHOR, bool(node.anchors))):
+            want = on if ok else None
+            have = keys.get(kind)
             if want == have:
                 continue
             if have is not None:
-                self._remove_key(kind, have, node.id)
-                del entry.keys[kind]
+                self._remove_key(kind, have, nid)
+                del keys[kind]
             if want is not None:
-                self._by_time[kind].add((want[0], node.id))
-                if kind in self._by_eff:
-                    self._by_eff[kind].add((want[1], node.id))
-                entry.keys[kind] = want
+                self._by_time[kind].add((want[0], nid))
+                if kind is not _ANCHOR:  # ranked: _RANKED
+                    self._by_eff[kind].add((want[1], nid))
+                keys[kind] = want
 
     def _dirty_chain_below(self, node: Node) -> None:
         """``node`` changed whether it stands on its own: descendants whose ``base_depth``

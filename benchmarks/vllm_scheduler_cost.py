@@ -27,7 +27,8 @@ is frozen before each run as vLLM's ``EngineCore`` freezes it once started
 (``freeze_gc_heap``), so garbage collection scans what the run allocates; the connectors'
 own threads (HybridConnector's tier I/O) are not on it either. ``--repeat`` rounds run the connectors
 in turn and each one's run with the lowest mean is kept (a busy machine only adds time).
-``--profile`` prints cProfile's top functions for HybridConnector's scheduler side.
+``--profile`` prints cProfile's top functions for HybridConnector's scheduler side;
+``--trace`` a digest of its decisions (``DecisionTrace``: equal digests, same decisions).
 Writes ``vllm_scheduler_cost_c<concurrency>[_quick].json`` under ``--out`` (default
 ``benchmarks/results``).
 """
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import hashlib
 import io
 import json
 import os
@@ -102,6 +104,52 @@ class OffloadingStandIn(TimingRunner):
         return out
 
 
+class DecisionTrace:
+    """A digest of every decision HybridConnector's scheduler side hands vLLM: each
+    match's answer, each load (keys, tiers, span), each save (its objects' keys and its
+    ops), each batch of ops, the held requests and each finish's answer (``--trace``). Two
+    versions of the code that decide alike print the same digest; timing never enters it."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.blake2b(digest_size=16)
+        self.counts = {"matches": 0, "loads": 0, "saves": 0, "op_batches": 0, "finishes": 0}
+
+    def _add(self, what: str, *x: Any) -> None:
+        self.counts[what] += 1
+        self.h.update(repr((what, *x)).encode())
+
+    def attach(self, side: Any) -> None:
+        """Record what ``side`` (a ``SchedulerSide``) answers, wrapping its instance."""
+        match, build, finished = side.match, side.build_meta, side.finished
+
+        def traced_match(request: Any, n: int) -> Any:
+            got = match(request, n)
+            self._add("matches", request.request_id, n, got)
+            return got
+
+        def traced_build(so: Any) -> Any:
+            meta = build(so)
+            for j in meta.loads:
+                self._add("loads", j.req_id, j.start, j.end, j.keys, j.tiers, j.sizes)
+            for sv in meta.saves:
+                self._add("saves", sv.req_id, [(o.key, o.start, o.end) for o in sv.objects],
+                          sv.batch.ticket, sv.batch.ops)
+            for b in meta.ops:
+                self._add("op_batches", b.ticket, b.ops)
+            self.h.update(repr(("hold", meta.hold)).encode())
+            return meta
+
+        def traced_finished(request: Any, block_ids: Any = ()) -> Any:
+            got = finished(request, block_ids)
+            self._add("finishes", request.request_id, got)
+            return got
+
+        side.match, side.build_meta, side.finished = traced_match, traced_build, traced_finished
+
+    def summary(self) -> str:
+        return f"{self.h.hexdigest()} {self.counts}"
+
+
 def trace(quick: bool) -> list[tuple[list[int], int]]:
     """(prompt, output length) per request, in arrival order."""
     recs = agentic_branch(12 if quick else 40, 6 if quick else 10, seed=0, scale=16, vocab=128)
@@ -138,9 +186,11 @@ def configs(root: Path, args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
 
 
 def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurrency: int,
-        profile: cProfile.Profile | None = None, cpu: bool = True) -> dict[str, Any]:
+        profile: cProfile.Profile | None = None, cpu: bool = True,
+        decisions: DecisionTrace | None = None) -> dict[str, Any]:
     """Serve ``reqs`` through vLLM's scheduler; the per-step times of its two calls (CPU
-    time of the engine-core thread, or wall time with ``cpu`` False)."""
+    time of the engine-core thread, or wall time with ``cpu`` False). ``decisions``: record
+    HybridConnector's decisions there."""
     from vllm.utils.gc_utils import freeze_gc_heap
 
     sched = h.make_scheduler(vc, cfg)
@@ -153,6 +203,8 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
 
         worker = KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg)
         reports = StepReports(worker.worker)  # op reports one step after their ops, always
+        if decisions is not None:
+            decisions.attach(sched.connector.sched)
     runner = (OffloadingStandIn if name == "offloading" else TimingRunner)(cfg, worker)
     pending = [h.make_request(f"r{i}", p, n) for i, (p, n) in enumerate(reqs)]
     pending.reverse()
@@ -222,6 +274,9 @@ def main() -> None:
     ap.add_argument("--wall", action="store_true",
                     help="wall time instead of the thread's CPU time (on a quiet machine)")
     ap.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+    ap.add_argument("--trace", action="store_true",
+                    help="after the timed rounds, one more run of each HybridConnector "
+                         "setting printing a digest of its decisions (DecisionTrace)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="vllm_sched_cost"))
     envs = configs(root, args)
@@ -259,6 +314,11 @@ def main() -> None:
                   "the hits are vLLM's own prefix cache, alike in every run)")
     print("OffloadingConnector's worker is a stand-in that reports each transfer done in its own "
           "step; HybridConnector's worker copies for real.")
+    for name in HYBRID if args.trace else ():
+        if name in names:
+            dt = DecisionTrace()
+            run(name, *envs[name], reqs, args.concurrency, decisions=dt)
+            print(f"decision trace {LABELS[name]}: {dt.summary()}")
     if args.profile:
         prof = cProfile.Profile()
         run(args.profile, *envs[args.profile], reqs, args.concurrency, prof)

@@ -31,7 +31,14 @@ before and only keeps the bookkeeping).
   (the share falls towards 0: every fallback goes first, as before); in the Mooncake
   replay the next turn drops the previous prompt's partial last block, so hits land on the
   block-floored prompt-end state above the exact-end one, and taking it first lost those
-  hits (head-to-head at 2x: 0.256 -> 0.268).
+  hits (head-to-head at 2x: 0.256 -> 0.268). **Branches off a chain count too**: an
+  access whose path branches off a chain at a node without a state (a retry or an edit
+  leaving the chain between two states; the chain goes on to a state) counts once per
+  such branch as a state hit that landed on a fallback: the hit a fallback state there
+  would have served (counting only hits that landed made the share self-fulfilling: with
+  the fallbacks gone, a retry hits far above and never counts). One request at a time,
+  agents at 1x: their retries leave the chain inside the last action and observation
+  (head-to-head 0.857 -> 0.869); chat_edits at 1x unchanged (0.791).
 * **Scan resistance** (``scan_guard.ScanGuard``, ARC's classes and ghosts): the ranking
   runs over the class the guard names first (unproven prefixes while they hold more than
   its adaptive target, else proven ones), falling back to the other class when that one
@@ -72,6 +79,16 @@ def shadowed(node: Node, settled: Callable[[Node], bool] = lambda n: True) -> bo
     return False
 
 
+def reaches_state(node: Node) -> bool:
+    """``node`` or its single-child chain below holds a state (before any branch)."""
+    n = node
+    while n.state is None:
+        if len(n.children) != 1:
+            return False
+        n = next(iter(n.children.values()))
+    return True
+
+
 def first_kind(kind: ObjectKind, kinds: Sequence[ObjectKind]) -> tuple[ObjectKind, ...]:
     """``kinds`` with ``kind`` moved to the front."""
     return (kind, *(k for k in kinds if k is not kind))
@@ -104,6 +121,7 @@ class VictimRules:
         self._state_hits = 0  # hits that landed on a state ...
         self._fallback_hits = 0  # ... of which on a fallback state (``shadowed``)
         self._last_access: tuple[Node, int, bool] | None = None
+        self._branches: set[int] = set()  # branch nodes counted by ``_note_branch``
         self.evictable = self._filtered
 
     def _filtered(self, node: Node, kind: ObjectKind) -> bool:
@@ -167,8 +185,26 @@ class VictimRules:
         """The deepest node of an access: a hit if its ``hits`` grows before the next call
         (the index counts a hit after ``on_access``; a save's access does not)."""
         self._settle_access()
-        if self.scan_resistant and self.fallback_first and node.state is not None:
+        if not (self.scan_resistant and self.fallback_first):
+            return
+        if node.state is not None:
             self._last_access = (node, node.hits, self._is_fallback(node))
+        self._note_branch(node)
+
+    def _note_branch(self, node: Node) -> None:
+        """Count a branch off a chain between states above ``node`` (module docstring)."""
+        child, p = node, node.parent
+        while p is not None and p.parent is not None and p.state is None and len(p.children) == 1:
+            child, p = p, p.parent
+        if (p is None or p.parent is None or p.state is not None or len(p.children) < 2
+                or p.id in self._branches):
+            return
+        if len(self._branches) > 2 * len(self.tree) + 64:  # forget removed nodes' ids
+            self._branches = {i for i in self._branches if self.tree.node(i) is not None}
+        self._branches.add(p.id)
+        if any(reaches_state(c) for c in p.children.values() if c is not child):
+            self._state_hits += 1
+            self._fallback_hits += 1
 
     def _settle_access(self) -> None:
         if self._last_access is not None:

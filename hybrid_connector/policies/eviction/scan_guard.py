@@ -14,6 +14,16 @@ into two classes and remembers what eviction took (*ghosts*):
   longer than the newcomer's reuse interval (LIRS: the shorter interval is the hotter
   prefix); the displaced leaf turns unproven. So in a cycle the proven set stays put and
   hits every turn, and only the rest thrashes.
+* A leaf proven on its ghost (a chain re-created where an evicted one hung) turns unproven
+  again once no access has reached it while the tree took in one capacity, as long as
+  fewer hits have landed on proven nodes than on unproven ones over the run (looked for
+  whenever the unproven go first, at most every 1/16 capacity of intake): plain recency
+  would have let it go by then, and the protection is not paying. In the Mooncake replay
+  conversations come back once at 1-2x the capacity, are proven on their ghosts, shrink
+  ``room`` and then mostly never return; kept proven, they filled the budget while new
+  conversations were evicted before their follow-ups. A protected cycle keeps its
+  prefixes: each is reused within a capacity of intake, since its hits take in only the
+  turn's new tokens.
 * ``room`` (ARC's p): the bytes the unproven class may hold before it goes first. It starts
   at the capacity (the policy's own ranking over everything: plain recency, no class
   first) and moves on ghosts: a re-created prefix whose reuse distance (bytes the tree
@@ -37,6 +47,8 @@ from typing import NamedTuple
 from hybrid_connector.tree.radix import Node
 
 GhostKey = tuple[int, int]
+SWEEP = 16  # idle ghost-proven leaves are looked for at most every 1/SWEEP capacity of intake
+IDLE = 1.0  # ... and turn unproven after IDLE capacities of intake without an access
 
 
 class Ghost(NamedTuple):
@@ -67,6 +79,13 @@ class ScanGuard:
         self.ghost_hits = 0
         self.promoted = 0
         self.demoted = 0
+        self.aged = 0  # ghost-proven leaves turned unproven for idling (``_demote_idle``)
+        self._made: dict[int, float] = {}  # node id -> ``taken_in`` at its creation
+        self._ghosted: set[int] = set()  # nodes proven on a ghost's re-creation
+        self._swept = 0.0  # ``taken_in`` at the last look for idle ghost-proven leaves
+        self._hits_seen: dict[int, int] = {}  # node id -> ``Node.hits`` at its last refresh
+        self.proven_hits = 0  # hits that landed on a proven node ...
+        self.unproven_hits = 0  # ... and on an unproven one
 
     @property
     def room(self) -> float:
@@ -74,7 +93,24 @@ class ScanGuard:
 
     def victim_class(self) -> bool | None:
         """False: evict among the unproven first; None: rank over both."""
+        if self.unproven_bytes > self.room:
+            self._demote_idle()
         return False if self.unproven_bytes > self.room else None
+
+    def _demote_idle(self) -> None:
+        """Ghost-proven leaves no access reached over ``IDLE`` capacities of intake turn
+        unproven, while fewer hits have landed on proven nodes than on unproven ones."""
+        if (self.taken_in - self._swept < self.capacity / SWEEP
+                or self.proven_hits >= self.unproven_hits):
+            return
+        self._swept = self.taken_in
+        limit = self.taken_in - IDLE * self.capacity
+        for nid in self._ghosted:
+            n = self._nodes.get(nid)
+            if (n is not None and nid in self.proven and not n.children
+                    and self._stamp.get(nid, self._made.get(nid, 0.0)) < limit):
+                self._count(n, False)
+                self.aged += 1
 
     def is_proven(self, node: Node) -> bool:
         return node.id in self.proven
@@ -83,8 +119,10 @@ class ScanGuard:
     def created(self, nodes: list[Node], first_new: int, now: float) -> None:
         """Classify nodes the tree created since the last sync (ids >= ``first_new``)."""
         decided: dict[GhostKey, bool] = {}
+        ghosted: set[GhostKey] = set()  # keys a ghost was found at
         for node in nodes:
             self._born[node.id] = now
+            self._made[node.id] = self.taken_in
             old_child = next((c for c in node.children.values() if c.id < first_new), None)
             if old_child is not None:  # the upper half of a split: as the node it split
                 proven = old_child.id in self.proven
@@ -97,8 +135,12 @@ class ScanGuard:
                     continue
                 key = (anchor.id, int(top.tokens[0]))
                 if key not in decided:
+                    if key in self._ghosts:
+                        ghosted.add(key)
                     decided[key] = self._arrival(key, anchor, now)
                 proven = decided[key]
+                if proven and key in ghosted:
+                    self._ghosted.add(node.id)
             if proven:
                 self.proven.add(node.id)
 
@@ -138,6 +180,12 @@ class ScanGuard:
     def refresh(self, node: Node, total_bytes: int, now: float) -> None:
         """Recount ``node`` (a hit may prove it) and track the capacity."""
         self._nodes[node.id] = node
+        if node.hits > self._hits_seen.get(node.id, 0):  # a hit, counted in its class
+            self._hits_seen[node.id] = node.hits
+            if node.id in self.proven:
+                self.proven_hits += 1
+            else:
+                self.unproven_hits += 1
         self.capacity = max(self.capacity, total_bytes)
         if node.hits > 0 and node.id not in self.proven and self._admit(
                 node.nbytes(), now - self._born.get(node.id, now), now):
@@ -172,6 +220,9 @@ class ScanGuard:
         self._nodes.pop(node_id, None)
         self._born.pop(node_id, None)
         self._stamp.pop(node_id, None)
+        self._made.pop(node_id, None)
+        self._hits_seen.pop(node_id, None)
+        self._ghosted.discard(node_id)
         old = self._bytes.pop(node_id, None)
         if old is not None:
             self._uncount(old)

@@ -1,0 +1,71 @@
+"""``eviction.scan_guard``: a prefix proven on its ghost (a cycle longer than the budget
+came back) turns unproven again once no access reached it over 1.25 capacities of intake, while
+the proven class earns fewer hits than the unproven one, so prefixes that stopped
+returning do not hold the budget against newcomers (the Mooncake replay's conversations
+come back once at 1-2x the budget and then mostly never)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybrid_connector.core.config import load_config
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.runtime.simulator import Simulator
+from hybrid_connector.tiers.size_only import Budget
+
+GEO = get_preset("marconi-7b")
+CFG = load_config(None, {"chunk_size": 256, "hash_block_size": 8, "alignment": 8},
+                  environ={})
+SYSTEM = np.arange(600) + 1_000_000  # a shared system prompt
+OUT = np.arange(8) + 7
+
+
+def _tokens(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 30_000, n)
+
+
+def _conversations(sim: Simulator, seed: int, count: int, lag: int) -> list[bool]:
+    """``count`` new conversations that each come back once, ``lag`` conversations later:
+    whether each follow-up hit its own prefix (more than the system prompt)."""
+    first = [np.r_[SYSTEM, _tokens(seed + u, 1024)] for u in range(count)]
+    hit: list[bool] = []
+    for i in range(count + lag):
+        if i < count:
+            sim.step(first[i], OUT)
+        if i >= lag:
+            follow_up = np.r_[first[i - lag], OUT, _tokens(seed + 500 + i, 256)]
+            hit.append(sim.step(follow_up, OUT).hit > len(SYSTEM))
+    return hit
+
+
+def _newcomer_hits() -> tuple[list[bool], MarconiEviction]:
+    """20 conversations that come back once (hits on unproven prefixes), then ten users in
+    turn for four rounds with room for about nine (their prefixes come back past the
+    budget and are proven on their ghosts), then 30 new conversations that come back once,
+    three conversations later: whether each of those follow-ups hit."""
+    budget = int(9 * ((1536 + 256) * GEO.kv_bytes_per_token() + GEO.state_bytes()))
+    pol = MarconiEviction(alpha=0.0, refresh_path=True, scan_resistant=True)
+    sim = Simulator(CFG, GEO, Budget.pooled(budget), eviction=pol)
+    _conversations(sim, 3000, 20, 3)
+    ctx = [np.r_[SYSTEM, _tokens(u, 1024)] for u in range(10)]
+    for _ in range(4):
+        for u in range(10):
+            sim.step(ctx[u], OUT)
+            ctx[u] = np.r_[ctx[u], _tokens(100 + u, 256)]
+    assert pol.guard.ghost_hits > 0 and pol.guard.proven_bytes > 0  # the cycle is protected
+    hit = _conversations(sim, 1000, 30, 3)
+    sim.close()
+    return hit, pol
+
+
+def test_newcomers_hit_once_the_cycle_they_replace_has_idled_a_capacity() -> None:
+    """About eleven newcomers take in 1.25 capacities: by then the cycle's ghost-proven
+    prefixes have turned unproven and newcomers' follow-ups hit their own prefixes (the
+    7th newcomer's first). Before, the cycle kept the proven class (``room`` at 0:
+    newcomers went first) and the first follow-up to hit was the 14th (12 of 30 hit,
+    13 now)."""
+    hit, pol = _newcomer_hits()
+    assert pol.guard.aged > 0
+    assert True in hit[:10], hit
+    assert sum(hit) >= 13, hit

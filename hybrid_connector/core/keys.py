@@ -153,17 +153,36 @@ class ObjectKey:
     # Cached: keys are hashed at every index and ledger step. Never pickled (``__reduce__``):
     # str hashes differ between processes.
     _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _fields: tuple[Any, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __init__(self, fingerprint: str, prefix: bytes, kind: ObjectKind, start: int,
+                 end: int) -> None:
+        # by hand, not the dataclass's: keys are made per chunk at every save and lookup
+        put = object.__setattr__
+        put(self, "fingerprint", fingerprint)
+        put(self, "prefix", prefix)
+        put(self, "kind", kind)
+        put(self, "start", start)
+        put(self, "end", end)
+        if not (type(start) is int and type(end) is int and 0 <= start <= end <= MAX_POSITION
+                and type(prefix) is bytes and len(prefix) <= MAX_PREFIX_BYTES
+                and type(kind) is ObjectKind and type(fingerprint) is str
+                and _fingerprint_ok(fingerprint)):
+            self._check()  # raises, or makes numpy integer positions plain ints
+        fields = (fingerprint, prefix, kind, self.start, self.end)
+        put(self, "_fields", fields)
+        put(self, "_hash", hash(fields))
 
     def __hash__(self) -> int:
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not ObjectKey:
+            return NotImplemented
+        return self._fields == other._fields
+
     def __reduce__(self) -> tuple[Any, ...]:
         return ObjectKey, (self.fingerprint, self.prefix, self.kind, self.start, self.end)
-
-    def __post_init__(self) -> None:
-        self._check()
-        object.__setattr__(self, "_hash", hash((self.fingerprint, self.prefix, self.kind,
-                                                self.start, self.end)))
 
     def _check(self) -> None:
         fp = self.fingerprint

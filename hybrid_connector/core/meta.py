@@ -39,7 +39,8 @@ _struct = functools.lru_cache(maxsize=64)(struct.Struct)  # formats of the meta 
 
 def _meta_seq(name: str, v: object, limit: int) -> Any:
     """``v`` if it is a sequence (not str or bytes) of at most ``limit`` elements."""
-    if isinstance(v, (str, bytes)) or not isinstance(v, (Sequence, np.ndarray)):
+    if type(v) is not tuple and (isinstance(v, (str, bytes))
+                                 or not isinstance(v, (Sequence, np.ndarray))):
         raise ValueError(f"meta {name} must be a sequence, got {type(v).__name__}")
     if len(v) > limit:  # before converting anything
         raise ValueError(f"meta {name}: {len(v)} > {limit}")
@@ -95,7 +96,7 @@ class ObjectMeta:
         object.__setattr__(self, "block_size",
                            _meta_int("block_size", self.block_size, MAX_META_BLOCK))
         toks = _meta_seq("tokens", self.tokens, MAX_META_TOKENS)
-        if type(toks) is not tuple or not all(type(t) is int for t in toks):
+        if type(toks) is not tuple or not set(map(type, toks)) <= {int}:
             if isinstance(toks, np.ndarray):
                 try:
                     toks = tuple(as_tokens(toks).tolist())
@@ -110,7 +111,7 @@ class ObjectMeta:
         if type(hs) is not tuple:
             hs = tuple(hs)
             object.__setattr__(self, "hashes", hs)
-        if not all(type(h) is bytes and len(h) <= MAX_PREFIX_BYTES for h in hs):
+        if hs and not (set(map(type, hs)) == {bytes} and max(map(len, hs)) <= MAX_PREFIX_BYTES):
             raise ValueError(f"meta hashes must each be bytes of at most {MAX_PREFIX_BYTES}")
         if hs and not self.block_size:
             raise ValueError("meta hashes need a block_size > 0")

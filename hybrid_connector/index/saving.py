@@ -149,7 +149,8 @@ class Saver:
         ix = self.ix
         arr = as_tokens(tokens)
         hasher: Hashes = hashes if hashes is not None else PrefixHasher(arr, ix.config.hash_block_size)
-        order = sorted(range(len(specs)), key=lambda i: (specs[i].end, specs[i].kind))  # StrEnum: by value
+        order = sorted(range(len(specs)),  # StrEnum: by value
+                       key=[(sp.end, sp.kind) for sp in specs].__getitem__)
         keys: list[ObjectKey | None] = [None] * len(specs)
         metas: dict[ObjectKey, ObjectMeta] = {}
         refused: list[Rejection] = []
@@ -163,16 +164,21 @@ class Saver:
             leaf = ix.tree.insert_tokens(arr[:top], start=self._hint(start, top))
             ix.tree.lock_kv(leaf)  # keep the path alive while we evict for room
             try:
-                cand = {i: ObjectKey(ix.fingerprint, hasher.at(specs[i].end), specs[i].kind,
-                                     specs[i].start, specs[i].end)
-                        for i in order if specs[i].end <= arr.size}
+                fp, at, size = ix.fingerprint, hasher.at, int(arr.size)
+                cand = {i: ObjectKey(fp, at(sp.end), sp.kind, sp.start, sp.end)
+                        for i in order if (sp := specs[i]).end <= size}
                 out += self._heal(list(cand.values()))
                 batch: set[ObjectKey] = set()
-                size = int(arr.size)
                 placed, doomed = ix.table.placement(), ix.table.unusable_sets()[1]
+                kvpt, sb = self._kv_per_token, self._state_bytes
                 for i in order:
                     sp = specs[i]
-                    reason = self._check(sp, size)
+                    kind, end = sp.kind, sp.end  # ``_check``'s common cases inline
+                    if kind is ObjectKind.KV:
+                        fine = end <= size and sp.nbytes == (end - sp.start) * kvpt
+                    else:
+                        fine = kind is ObjectKind.STATE and 0 < end <= size and sp.nbytes == sb
+                    reason = None if fine else self._check(sp, size)
                     if reason is not None:
                         refused.append(Rejection(sp.kind, sp.start, sp.end, reason))
                         continue

@@ -47,6 +47,11 @@ from hybrid_connector.policies.admission.answers import AnswerReuse
 DECIDED = 65536  # requests whose decision is remembered (finished ones are forgotten at once)
 
 
+def prompt_tokens(request: Any) -> np.ndarray:
+    """``request``'s prompt tokens (a vLLM ``Request``), as int64."""
+    return np.asarray(request.all_token_ids[: request.num_prompt_tokens], dtype=np.int64)
+
+
 class AnswerGate:
     """Whether a vLLM request stores its answer (``stores``; ``save_decode_cache`` off:
     never). Decided once per request, at the first call, by ``AnswerReuse.decide`` after
@@ -62,15 +67,16 @@ class AnswerGate:
         self.reuse = reuse if reuse is not None else AnswerReuse()
         self._decided: dict[str, bool] = {}
 
-    def stores(self, request: Any) -> bool:
+    def stores(self, request: Any, prompt: np.ndarray | None = None) -> bool:
         """Whether ``request`` (a vLLM ``Request``) saves KV and its end-of-request state past
-        its prompt."""
+        its prompt (``prompt``: its prompt tokens, when the caller has them already)."""
         if not self.enabled:
             return False
         rid = request.request_id
         got = self._decided.get(rid)
         if got is None:
-            prompt = np.asarray(request.all_token_ids[: request.num_prompt_tokens], dtype=np.int64)
+            if prompt is None:
+                prompt = prompt_tokens(request)
             back = self.reuse.arrived(prompt)
             if back is not None and back[1] and self.index is not None:
                 # the tail sits at the request's last computed token: its last one is not
@@ -100,13 +106,15 @@ class PromptGate:
         self.reuse = reuse if reuse is not None else AnswerReuse()
         self._decided: dict[str, bool] = {}
 
-    def exact(self, request: Any) -> bool:
-        """Whether ``request`` (a vLLM ``Request``) may save up to its exact prompt end."""
+    def exact(self, request: Any, prompt: np.ndarray | None = None) -> bool:
+        """Whether ``request`` (a vLLM ``Request``) may save up to its exact prompt end
+        (``prompt``: its prompt tokens, when the caller has them already)."""
         rid = request.request_id
         got = self._decided.get(rid)
         if got is None:
             p = request.num_prompt_tokens
-            prompt = np.asarray(request.all_token_ids[:p], dtype=np.int64)
+            if prompt is None:
+                prompt = prompt_tokens(request)
             self.reuse.arrived(prompt)
             got = self._decided[rid] = self.reuse.stores
             if p % self.block:
@@ -123,8 +131,11 @@ def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int) -
     """How many of ``request``'s first ``end`` computed tokens may be saved: all while its
     answer is stored, else its prompt, cut to the last block boundary unless
     ``prompts.exact`` (asked first: every request counts as an arrival there)."""
-    exact = prompts.exact(request)
-    if answers.stores(request):
+    rid = request.request_id  # both gates decide at a request's first call: one prompt copy
+    prompt = (prompt_tokens(request) if rid not in prompts._decided
+              or (answers.enabled and rid not in answers._decided) else None)
+    exact = prompts.exact(request, prompt)
+    if answers.stores(request, prompt):
         return end
     p = request.num_prompt_tokens
     return min(end, p if exact else p - p % prompts.block)

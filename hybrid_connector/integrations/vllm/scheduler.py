@@ -209,18 +209,14 @@ class SchedulerSide:
         rec.open_offers.difference_update(never_wanted(full, upto, prompt, answers))
         return got
 
-    def saves_for(self, request: Any, end: int,
+    def saves_for(self, rec: Tracked, end: int,
                   block_ids: Callable[[], Sequence[Sequence[int]] | None]) -> SaveJob | None:
-        """The save job for ``request`` once its first ``end`` tokens are computed;
+        """The save job for ``rec``'s request once its first ``end`` tokens are computed;
         ``block_ids`` gives its blocks per group (asked only when there is something to
-        save; None: vLLM no longer knows the request, nothing is saved)."""
-        rec = self._progress.get(request.request_id)
-        if rec is None:
-            return None
-        chunk, kv_from, kvb = self.config.chunk_size, rec.kv_saved, self._kvb
+        save; None: vLLM no longer knows the request, nothing is saved). ``build_meta``
+        skips the call once the gates decided and nothing can be saved (cap <= end)."""
+        request, chunk, kv_from, kvb = rec.request, self.config.chunk_size, rec.kv_saved, self._kvb
         unsaved = bool(self.groups.recurrent and rec.open_offers)
-        if rec.gated and not unsaved and (not kvb or end - end % chunk <= kv_from):
-            return None  # as below (cap <= end), once the gates decided: no need to ask
         cap, rec.gated = save_cap(self.answers, self.prompts, request, end), True
         if not unsaved and (not kvb or cap - cap % chunk <= kv_from):
             return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)
@@ -322,13 +318,17 @@ class SchedulerSide:
                 rec.offers.setdefault(q, {})[int(g)] = int(block_id)
                 if q not in rec.states_saved:
                     rec.open_offers.add(q)
+        chunk, kvb, recurrent = self.config.chunk_size, self._kvb, bool(self.groups.recurrent)
         for rid, n in scheduler_output.num_scheduled_tokens.items() if bstate is not None else ():
             rec = self._progress.get(rid)
             if rec is None:
                 continue
-            req = rec.request  # block ids are copied only for a step that saves something
-            job = self.saves_for(req, req.num_computed_tokens + n,
-                                 partial(bstate.get_block_ids, rid))
+            end = rec.request.num_computed_tokens + n  # most decode steps: nothing to save
+            if rec.gated and not (recurrent and rec.open_offers) and (
+                    not kvb or end - end % chunk <= rec.kv_saved):
+                continue
+            # block ids are copied only for a step that saves something
+            job = self.saves_for(rec, end, partial(bstate.get_block_ids, rid))
             if job is not None:
                 meta.saves.append(job)
         drained = self.gather.drained()

@@ -40,6 +40,7 @@ clocks), O(``records`` * ``window``) memory, O(distinct answer lengths) work per
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left, insort
 from collections import deque
 
 import numpy as np
@@ -77,6 +78,7 @@ class AnswerReuse:
         self._fifo: deque[tuple[int, bytes]] = deque()
         # n -> window -> (digest, refs, stored)
         self._keys: dict[int, dict[bytes, tuple[bytes, int, bool]]] = {}
+        self._lengths: list[int] = []  # the keys of ``_keys``, ascending
         self.rate = 1.0
         self.survival = 1.0
         self.arrivals = 0
@@ -115,7 +117,10 @@ class AnswerReuse:
         ``checkpoints.PromptGate``): ``arrived`` then counts requests that extend it."""
         n = int(tokens.size)
         win = self._win(tokens, n)
-        by = self._keys.setdefault(n, {})
+        by = self._keys.get(n)
+        if by is None:
+            by = self._keys[n] = {}
+            insort(self._lengths, n)
         got = by.get(win)
         digest, refs, was = got if got is not None else (_digest(tokens[:n]), 0, False)
         by[win] = (digest, refs + 1, was or stored)
@@ -132,15 +137,18 @@ class AnswerReuse:
         del by[win]
         if not by:
             del self._keys[n]
+            del self._lengths[bisect_left(self._lengths, n)]
 
     def extends_answer(self, tokens: np.ndarray) -> tuple[int, bool] | None:
         """The length and stored flag of the longest recorded answer ``tokens`` extend past
         its end; None when they extend none. No side effects."""
         size = int(tokens.size)
         raw = np.ascontiguousarray(tokens, dtype=np.int64).tobytes()  # a window: a slice of it
-        w = self.window
-        for n in sorted((n for n in self._keys if n < size), reverse=True):  # longest first
-            got = self._keys[n].get(raw[8 * max(0, n - w):8 * n])
+        w8, keys, lengths = 8 * self.window, self._keys, self._lengths
+        for i in range(bisect_left(lengths, size) - 1, -1, -1):  # longest first, below size
+            n = lengths[i]
+            end = 8 * n
+            got = keys[n].get(raw[end - w8 if end > w8 else 0:end])
             if got is not None and got[0] == _digest(tokens[:n]):
                 return n, got[2]
         return None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hybrid_connector.core.hashes import EngineHashes
 from hybrid_connector.core.keys import (
     MAX_POSITION,
     MAX_PREFIX_BYTES,
@@ -133,7 +134,12 @@ class ObjectMeta:
                 raise ValueError(f"a state sits at one position, got [{start}, {end})")
             return cls(hasher.at(end), (), (), bs)
         first = (start // bs + 1) * bs
-        meta = cls(hasher.at(start), (), tuple(hasher.at(p) for p in range(first, end + 1, bs)), bs)
+        if type(hasher) is EngineHashes and end // bs <= len(hasher.hashes):
+            # ``at`` of a block end is the engine's hash of that block: slice them
+            hashes = tuple(hasher.hashes[first // bs - 1:end // bs])
+        else:
+            hashes = tuple(hasher.at(p) for p in range(first, end + 1, bs))
+        meta = cls(hasher.at(start), (), hashes, bs)
         # as_tokens checked the slice (int64, non-negative): no per-token check again
         object.__setattr__(meta, "tokens", tuple(as_tokens(seq[start:end]).tolist()))
         return meta

@@ -75,14 +75,14 @@ def solve_dp(
     if support.size == 0:
         return 0.0, []
     integral = np.issubdtype(w.dtype, np.integer)
-    depths = [int(d) for d in support]
-    wts = [int(x) for x in w[support]] if integral else [float(x) for x in w[support]]
-    if backend != "python" and not integral and m > 0:
-        native = _hull_native.hull_dp(np.asarray(depths), np.asarray(wts), m)
+    if backend != "python" and not integral and m > 0:  # float64 copies: no Python lists
+        native = _hull_native.hull_dp(support, w[support].astype(np.float64), m)
         if native is not None:
-            return native[0], _backtrack(depths, native[1])
+            return native[0], _backtrack(support.tolist(), native[1].tolist())
         if backend == "native":
             raise RuntimeError("native placement DP unavailable (no C compiler?)")
+    depths = [int(d) for d in support]
+    wts = [int(x) for x in w[support]] if integral else [float(x) for x in w[support]]
     cost, args = _dp_python(depths, wts, m)
     return float(cost), _backtrack(depths, args)
 

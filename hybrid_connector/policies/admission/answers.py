@@ -144,11 +144,10 @@ class AnswerReuse:
         its end; None when they extend none. No side effects."""
         size = int(tokens.size)
         raw = np.ascontiguousarray(tokens, dtype=np.int64).tobytes()  # a window: a slice of it
-        w8, keys, lengths = 8 * self.window, self._keys, self._lengths
-        for i in range(bisect_left(lengths, size) - 1, -1, -1):  # longest first, below size
-            n = lengths[i]
-            end = 8 * n
-            got = keys[n].get(raw[end - w8 if end > w8 else 0:end])
+        w, keys, lengths = self.window, self._keys, self._lengths
+        below = bisect_left(lengths, size)
+        for n in lengths[below - 1::-1] if below else ():  # longest first, below size
+            got = keys[n].get(raw[8 * (n - w if n > w else 0):8 * n])
             if got is not None and got[0] == _digest(tokens[:n]):
                 return n, got[2]
         return None

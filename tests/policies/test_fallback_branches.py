@@ -8,37 +8,18 @@ time, agents lost whole prefixes on their retries). Each such branch now counts 
 from __future__ import annotations
 
 import numpy as np
+from chains import GEO, chain
 
-from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.policies.eviction.marconi_victims import shadowed
-from hybrid_connector.tree.radix import Node, ObjectRef, RadixTree
-
-GEO = get_preset("marconi-7b")  # a state weighs the KV of ~786 tokens
-KV = GEO.kv_bytes_per_token()
-
-
-def _ref(kind: ObjectKind, start: int, end: int, nbytes: int) -> ObjectRef:
-    return ObjectRef(ObjectKey("fp", bytes(16), kind, start, end), nbytes)
-
-
-def _chain(tree: RadixTree, tokens: np.ndarray, state_at: tuple[int, ...]) -> list[Node]:
-    """``tokens`` as a path with its KV, a state at each depth of ``state_at``."""
-    nodes = []
-    for d in state_at:
-        node = tree.insert(tokens[:d])
-        start = node.parent.depth if node.parent is not None else 0
-        tree.add_kv(node, _ref(ObjectKind.KV, start, d, (d - start) * KV))
-        tree.set_state(node, _ref(ObjectKind.STATE, d, d, GEO.state_bytes()))
-        nodes.append(node)
-    return nodes
+from hybrid_connector.tree.radix import Node, RadixTree
 
 
 def _setup() -> tuple[MarconiEviction, Node, Node]:
     """A session's fallback state (1,000 tokens) above its answer's state, hit twice."""
     tree = RadixTree()
-    fallback, tip = _chain(tree, np.arange(1008) + 10, (1000, 1008))
+    fallback, tip = chain(tree, np.arange(1008) + 10, (1000, 1008))
     pol = MarconiEviction(alpha=0.0, scan_resistant=True, fallback_first=True)
     pol.bind(tree, GEO, lambda n, k: (not n.children) if k is ObjectKind.KV
              else n.state is not None)
@@ -53,7 +34,7 @@ def _retry(pol: MarconiEviction, agent: int, now: float) -> None:
     """Agent ``agent``'s chain (states at 400 and 600) and its retry, which leaves the
     chain at 500 (no state there); the retry's access ends at its own new leaf."""
     tokens = np.arange(600) + 100_000 * (agent + 1)
-    _chain(pol.tree, tokens, (400, 600))
+    chain(pol.tree, tokens, (400, 600))
     leaf = pol.tree.insert(np.r_[tokens[:500], np.arange(50) + 5_000_000 + 1_000 * agent])
     assert leaf.parent is not None and len(leaf.parent.children) == 2
     pol.on_access(pol.tree.path_to(leaf), now)

@@ -11,39 +11,20 @@ state its next hit lands on."""
 from __future__ import annotations
 
 import numpy as np
+from chains import GEO, chain
 
-from hybrid_connector.core.keys import ObjectKey, ObjectKind
-from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.policies.eviction.marconi_victims import shadowed
-from hybrid_connector.tree.radix import Node, ObjectRef, RadixTree
-
-GEO = get_preset("marconi-7b")  # a state weighs the KV of ~786 tokens
-KV = GEO.kv_bytes_per_token()
-
-
-def _ref(kind: ObjectKind, start: int, end: int, nbytes: int) -> ObjectRef:
-    return ObjectRef(ObjectKey("fp", bytes(16), kind, start, end), nbytes)
-
-
-def _chain(tree: RadixTree, tokens: np.ndarray, state_at: tuple[int, ...]) -> list[Node]:
-    """``tokens`` as a path with its KV, a state at each depth of ``state_at``."""
-    nodes = []
-    for d in state_at:
-        node = tree.insert(tokens[:d])
-        start = node.parent.depth if node.parent is not None else 0
-        tree.add_kv(node, _ref(ObjectKind.KV, start, d, (d - start) * KV))
-        tree.set_state(node, _ref(ObjectKind.STATE, d, d, GEO.state_bytes()))
-        nodes.append(node)
-    return nodes
+from hybrid_connector.tree.radix import Node, RadixTree
 
 
 def _setup() -> tuple[MarconiEviction, Node, Node]:
     """A session's prompt end (1,000 tokens, its state a fallback) with the state of its
     8-token answer below, and another session's leaf."""
     tree = RadixTree()
-    fallback, tip = _chain(tree, np.arange(1008) + 10, (1000, 1008))
-    _chain(tree, np.arange(600) + 100_000, (600,))
+    fallback, tip = chain(tree, np.arange(1008) + 10, (1000, 1008))
+    chain(tree, np.arange(600) + 100_000, (600,))
     pol = MarconiEviction(alpha=0.0, scan_resistant=True, fallback_first=True)
     pol.bind(tree, GEO, lambda n, k: (not n.children) if k is ObjectKind.KV
              else n.state is not None)

@@ -18,14 +18,9 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
 
-YAML = """chunk_size: 64
-hash_block_size: 32
-alignment: 32
-pools:
-  host: {kv: 4MB, state: 2MB}
-replay: false
-"""
+YAML = s.BASE_YAML
 PROMPT = 150
 
 

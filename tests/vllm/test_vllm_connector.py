@@ -26,13 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
 
 from hybrid_connector.integrations.vllm import HybridConnector, HybridStartupError  # noqa: E402
 
-YAML = """chunk_size: 64
-hash_block_size: 32
-alignment: 32
-pools:
-  host: {kv: 4MB, state: 2MB}
-replay: false
-"""
+YAML = s.BASE_YAML
 
 
 @pytest.fixture(scope="module")

@@ -20,26 +20,10 @@ from op_speed import held, immediate
 
 pytest.importorskip("vllm")
 
-from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
-
-YAML = """chunk_size: 64
-hash_block_size: 32
-alignment: 32
-pools:
-  host: {kv: 4MB, state: 2MB}
-replay: false
-"""
-
 
 def _serve(root: Path) -> dict[str, Any]:
     root.mkdir()
-    y = root / "hybrid.yaml"
-    y.write_text(YAML)
-    vc = s.vllm_config(s.tiny_nemotron_h(root), y)
-    cfg = s.kv_cache_config(vc, num_blocks=7)
-    sched = h.make_scheduler(vc, cfg)
-    runner = h.Runner(cfg, KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg))
+    sched, _, runner = h.engine(root, s.BASE_YAML, retention=0, num_blocks=7)
     rng = np.random.default_rng(5)
     base = rng.integers(0, 128, 300).tolist()
     reqs = [h.make_request(f"r{i}", base[: 120 + 37 * i] + rng.integers(0, 128, 20).tolist(), 6)

@@ -13,17 +13,11 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
 
 from hybrid_connector.core.keys import ObjectKind  # noqa: E402
 
-YAML = """chunk_size: 64
-hash_block_size: 32
-alignment: 32
-pools:
-  host: {kv: 4MB, state: 2MB}
-replay: false
-save_decode_cache: true
-"""
+YAML = s.BASE_YAML + 'save_decode_cache: true\n'
 
 
 def test_kv_chunks_below_vllms_local_hit_are_not_read(tmp_path: Path) -> None:

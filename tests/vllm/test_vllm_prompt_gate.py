@@ -18,15 +18,9 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
 
-YAML = """chunk_size: 64
-hash_block_size: 32
-alignment: 32
-pools:
-  host: {kv: 4MB, state: 2MB}
-replay: false
-save_decode_cache: false
-"""
+YAML = s.BASE_YAML + 'save_decode_cache: false\n'
 PROMPT = 150  # ends inside a block: its last boundary is 128
 
 

@@ -19,14 +19,7 @@ pytest.importorskip("vllm")
 import vllm_harness as h  # noqa: E402
 import vllm_support as s  # noqa: E402
 
-YAML = """chunk_size: 64
-hash_block_size: 32
-alignment: 32
-pools:
-  host: {kv: 4MB, state: 2MB}
-replay: false
-save_decode_cache: true
-"""
+YAML = s.BASE_YAML + 'save_decode_cache: true\n'
 PROMPT, OUT = 150, 70
 END = PROMPT + OUT - 1  # the last sampled token is never computed: 219, inside block 6
 

@@ -19,6 +19,14 @@ from hybrid_connector.bench.vllm_peers import engine as eng  # noqa: E402
 BLOCK = 32
 BACKEND = "FLASH_ATTN"  # the attention backend the harness's buffers are laid out for
 LAYOUT = "LBNHC"  # the KVCacheLayout vLLM resolves for it (layer-outer, NHD inside a block)
+#: the connector config most tests start from (a test appends its own keys)
+BASE_YAML = """chunk_size: 64
+hash_block_size: 32
+alignment: 32
+pools:
+  host: {kv: 4MB, state: 2MB}
+replay: false
+"""
 
 
 def tiny_nemotron_h(root: Path) -> Path:

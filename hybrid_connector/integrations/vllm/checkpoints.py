@@ -37,6 +37,8 @@ save stops at the prompt's last boundary (``save_cap``).
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -67,20 +69,19 @@ class AnswerGate:
         self.reuse = reuse if reuse is not None else AnswerReuse()
         self._decided: dict[str, bool] = {}
 
-    def stores(self, request: Any, prompt: np.ndarray | None = None) -> bool:
+    def stores(self, request: Any, prompt: Callable[[], np.ndarray] | None = None) -> bool:
         """Whether ``request`` (a vLLM ``Request``) saves KV and its end-of-request state past
-        its prompt (``prompt``: its prompt tokens, when the caller has them already)."""
+        its prompt (``prompt``: gives its prompt tokens, asked only to decide)."""
         if not self.enabled:
             return False
         rid = request.request_id
         got = self._decided.get(rid)
         if got is None:
-            if prompt is None:
-                prompt = prompt_tokens(request)
-            back = self.reuse.arrived(prompt)
+            toks = prompt() if prompt is not None else prompt_tokens(request)
+            back = self.reuse.arrived(toks)
             if back is not None and back[1] and self.index is not None:
                 # the tail sits at the request's last computed token: its last one is not
-                plan = self.index.lookup(prompt, alignment=1, replay=False)
+                plan = self.index.lookup(toks, alignment=1, replay=False)
                 self.reuse.survived(max(plan.num_tokens, plan.pending_tokens) >= back[0] - 1)
             got = self._decided[rid] = self.reuse.decide()
             if len(self._decided) > DECIDED:
@@ -106,19 +107,18 @@ class PromptGate:
         self.reuse = reuse if reuse is not None else AnswerReuse()
         self._decided: dict[str, bool] = {}
 
-    def exact(self, request: Any, prompt: np.ndarray | None = None) -> bool:
+    def exact(self, request: Any, prompt: Callable[[], np.ndarray] | None = None) -> bool:
         """Whether ``request`` (a vLLM ``Request``) may save up to its exact prompt end
-        (``prompt``: its prompt tokens, when the caller has them already)."""
+        (``prompt``: gives its prompt tokens, asked only to decide)."""
         rid = request.request_id
         got = self._decided.get(rid)
         if got is None:
             p = request.num_prompt_tokens
-            if prompt is None:
-                prompt = prompt_tokens(request)
-            self.reuse.arrived(prompt)
+            toks = prompt() if prompt is not None else prompt_tokens(request)
+            self.reuse.arrived(toks)
             got = self._decided[rid] = self.reuse.stores
             if p % self.block:
-                self.reuse.record(prompt, got)
+                self.reuse.record(toks, got)
             if len(self._decided) > DECIDED:
                 del self._decided[next(iter(self._decided))]
         return got
@@ -131,11 +131,10 @@ def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int) -
     """How many of ``request``'s first ``end`` computed tokens may be saved: all while its
     answer is stored, else its prompt, cut to the last block boundary unless
     ``prompts.exact`` (asked first: every request counts as an arrival there)."""
-    rid = request.request_id  # both gates decide at a request's first call: one prompt copy
-    prompt = (prompt_tokens(request) if rid not in prompts._decided
-              or (answers.enabled and rid not in answers._decided) else None)
-    exact = prompts.exact(request, prompt)
-    if answers.stores(request, prompt):
+    # both gates decide at a request's first call: one prompt copy, made only then
+    copy = functools.cache(lambda: prompt_tokens(request))
+    exact = prompts.exact(request, copy)
+    if answers.stores(request, copy):
         return end
     p = request.num_prompt_tokens
     return min(end, p if exact else p - p % prompts.block)

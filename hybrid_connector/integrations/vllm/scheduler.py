@@ -209,6 +209,11 @@ class SchedulerSide:
         rec.open_offers.difference_update(never_wanted(full, upto, prompt, answers))
         return got
 
+    def _nothing_new(self, rec: Tracked, upto: int) -> bool:
+        """Saving ``rec``'s first ``upto`` tokens adds no state boundary and no KV chunk."""
+        return not (self.groups.recurrent and rec.open_offers) and (
+            not self._kvb or upto - upto % self.config.chunk_size <= rec.kv_saved)
+
     def saves_for(self, rec: Tracked, end: int,
                   block_ids: Callable[[], Sequence[Sequence[int]] | None]) -> SaveJob | None:
         """The save job for ``rec``'s request once its first ``end`` tokens are computed;
@@ -218,7 +223,7 @@ class SchedulerSide:
         request, chunk, kv_from, kvb = rec.request, self.config.chunk_size, rec.kv_saved, self._kvb
         unsaved = bool(self.groups.recurrent and rec.open_offers)
         cap, rec.gated = save_cap(self.answers, self.prompts, request, end), True
-        if not unsaved and (not kvb or cap - cap % chunk <= kv_from):
+        if self._nothing_new(rec, cap):
             return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)
         toks = rec.tokens.view(request.all_token_ids, request.num_tokens)[:end]
         states = self._admitted_states(rec, toks, end, cap) if unsaved else []
@@ -318,14 +323,12 @@ class SchedulerSide:
                 rec.offers.setdefault(q, {})[int(g)] = int(block_id)
                 if q not in rec.states_saved:
                     rec.open_offers.add(q)
-        chunk, kvb, recurrent = self.config.chunk_size, self._kvb, bool(self.groups.recurrent)
         for rid, n in scheduler_output.num_scheduled_tokens.items() if bstate is not None else ():
             rec = self._progress.get(rid)
             if rec is None:
                 continue
             end = rec.request.num_computed_tokens + n  # most decode steps: nothing to save
-            if rec.gated and not (recurrent and rec.open_offers) and (
-                    not kvb or end - end % chunk <= rec.kv_saved):
+            if rec.gated and self._nothing_new(rec, end):  # the cap is at most ``end``
                 continue
             # block ids are copied only for a step that saves something
             job = self.saves_for(rec, end, partial(bstate.get_block_ids, rid))

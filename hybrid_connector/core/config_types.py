@@ -86,7 +86,7 @@ class Pools(Strict):
 
     @model_validator(mode="after")
     def _pooled_tiers(self) -> Pools:
-        for name in ("remote",):
+        for name in (n for n in type(self).model_fields if n not in POOLED_TIERS):
             pool: PoolBudget | None = getattr(self, name)
             if pool is not None and pool.pooled:
                 raise ValueError(f"pools.{name}.kv_state: one budget for KV and states is "

@@ -29,6 +29,13 @@ own threads (HybridConnector's tier I/O) are not on it either. ``--repeat`` roun
 in turn and each one's run with the lowest mean is kept (a busy machine only adds time).
 ``--profile`` prints cProfile's top functions for HybridConnector's scheduler side;
 ``--trace`` a digest of its decisions (``DecisionTrace``: equal digests, same decisions).
+``--ops`` runs each connector once more counting the Python opcodes its scheduler side
+executes per step, at vLLM's connector API (``sched_ops.OpCounter``: every
+``KVConnectorBase_V1`` method the scheduler calls, and all they call: for
+OffloadingConnector its ``OffloadingConnectorScheduler`` and ``CPUOffloadingManager``):
+a deterministic proxy of the connector's CPU, printed per step with the ratio of each
+HybridConnector setting to OffloadingConnector and stored in the rows (``ops_per_step``,
+``ops_by_method``); timing is not taken in those runs.
 Writes ``vllm_scheduler_cost_c<concurrency>[_quick].json`` under ``--out`` (default
 ``benchmarks/results``).
 """
@@ -58,6 +65,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "vllm")]
 
 import vllm_harness as h  # noqa: E402
 import vllm_support as s  # noqa: E402
+from sched_ops import OpCounter  # noqa: E402
 
 from hybrid_connector.sim.traces_engine import agentic_branch  # noqa: E402
 
@@ -187,10 +195,10 @@ def configs(root: Path, args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
 
 def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurrency: int,
         profile: cProfile.Profile | None = None, cpu: bool = True,
-        decisions: DecisionTrace | None = None) -> dict[str, Any]:
+        decisions: DecisionTrace | None = None, ops: OpCounter | None = None) -> dict[str, Any]:
     """Serve ``reqs`` through vLLM's scheduler; the per-step times of its two calls (CPU
     time of the engine-core thread, or wall time with ``cpu`` False). ``decisions``: record
-    HybridConnector's decisions there."""
+    HybridConnector's decisions there; ``ops``: count the connector's opcodes there."""
     from vllm.utils.gc_utils import freeze_gc_heap
 
     sched = h.make_scheduler(vc, cfg)
@@ -205,6 +213,8 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
         reports = StepReports(worker.worker)  # op reports one step after their ops, always
         if decisions is not None:
             decisions.attach(sched.connector.sched)
+    if ops is not None and sched.connector is not None:
+        ops.attach(sched.connector)
     runner = (OffloadingStandIn if name == "offloading" else TimingRunner)(cfg, worker)
     pending = [h.make_request(f"r{i}", p, n) for i, (p, n) in enumerate(reqs)]
     pending.reverse()
@@ -259,6 +269,25 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
             "p99_ms": round(float(np.percentile(ms, 99)), 4)}
 
 
+def count_ops(envs: dict[str, tuple[Any, Any]], reqs: list[tuple[list[int], int]],
+              concurrency: int, names: list[str], by: dict[str, dict[str, Any]]) -> None:
+    """``--ops``: one traced run per connector; opcodes per step into its row."""
+    for name in names:
+        if name == "none":
+            continue
+        oc = OpCounter()
+        row = run(name, *envs[name], reqs, concurrency, ops=oc)
+        by[name]["ops_per_step"] = round(oc.total / row["steps"])
+        by[name]["ops_by_method"] = {m: round(n / row["steps"]) for m, n in oc.by_method.most_common()}
+        by[name]["ops_by_file"] = {f: round(n / row["steps"]) for f, n in oc.by_file.most_common(12)}
+        print(f"opcodes per step {LABELS[name]}: {by[name]['ops_per_step']} "
+              f"({', '.join(f'{m} {n}' for m, n in by[name]['ops_by_method'].items())})")
+    for name in HYBRID:
+        if name in by and "offloading" in by and "ops_per_step" in by[name]:
+            print(f"opcodes per step {LABELS[name]} / OffloadingConnector: "
+                  f"{by[name]['ops_per_step'] / by['offloading']['ops_per_step']:.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a shorter trace (a smoke test)")
@@ -274,6 +303,9 @@ def main() -> None:
     ap.add_argument("--wall", action="store_true",
                     help="wall time instead of the thread's CPU time (on a quiet machine)")
     ap.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+    ap.add_argument("--ops", action="store_true",
+                    help="one more run of each connector counting its scheduler side's "
+                         "Python opcodes per step (deterministic; sched_ops.OpCounter)")
     ap.add_argument("--trace", action="store_true",
                     help="after the timed rounds, one more run of each HybridConnector "
                          "setting printing a digest of its decisions (DecisionTrace)")
@@ -319,6 +351,8 @@ def main() -> None:
             dt = DecisionTrace()
             run(name, *envs[name], reqs, args.concurrency, decisions=dt)
             print(f"decision trace {LABELS[name]}: {dt.summary()}")
+    if args.ops:
+        count_ops(envs, reqs, args.concurrency, names, by)
     if args.profile:
         prof = cProfile.Profile()
         run(args.profile, *envs[args.profile], reqs, args.concurrency, prof)

@@ -36,6 +36,11 @@ def table(doc: dict[str, Any], trace: str) -> str:
     head = (f"{trace}: {t['requests']:,} requests, {t['prompt_tokens']:,} prompt tokens, live-peak "
             f"working set {t['working_set_bytes'] / 1e6:.2f} MB, device cache {t['device_blocks']} "
             f"blocks ({t['device_bytes'] / 1e6:.1f} MB)")
+    c = t.get("ceiling")
+    if c:  # what no connector can beat (bench.vllm_peers.ceiling)
+        head += (f"\n  best possible (an unlimited cache under vLLM's hit rules): hit rate "
+                 f"{c['hit_rate']:.3f}, recomputed {c['recomputed']:,.0f}, modeled TTFT "
+                 f"{c['ttft_ms']:.1f} ms")
     lines = [head, f"  {'host budget':>16s}  {'connector':30s} {'hit':>6s} {'recomputed':>10s} "
                    f"{'held/hit':>8s} {'wrtn/hit':>8s} {'TTFT ms':>8s} {'vs best':>7s} "
                    f"{'ms/st':>6s} {'p99':>6s}"]
@@ -183,6 +188,10 @@ def plot(path: Path, doc: dict[str, Any]) -> str | None:
             base = [_value(r, key) for r in rows if r["peer"] == "none"]
             if base:
                 ax.axhline(base[0], color="grey", lw=1, label=LABELS["none"])
+            c = doc["traces"][trace].get("ceiling")
+            if c:  # the unlimited cache's figure: no connector gets past it
+                ax.axhline(c["hit_rate"] if key == "hit_rate" else c["ttft_ms"], color="black",
+                           lw=1, ls=(0, (1, 3)), label="best possible (unlimited cache)")
             ax.set_xscale("log", base=2)
             ms = sorted({r["multiple"] for r in rows if r["multiple"] is not None})
             ax.set_xticks(ms, [f"{m:g}x" for m in ms])

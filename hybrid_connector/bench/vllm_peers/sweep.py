@@ -18,6 +18,8 @@ a Mooncake-format replay. Host budgets are multiples of each trace's live-peak w
 geometry's bytes). The device cache is ``device_share`` of that working set (at least what
 ``concurrency`` typical requests need), so vLLM's own prefix cache alone cannot hold it.
 
+Each trace also carries its ``ceiling``: the hit rate, tokens recomputed and modeled time to
+first token of an unlimited cache under vLLM's hit rules, which no connector can beat.
 Each row also carries a modeled time to first token of the unscaled model on an H200
 (``ttft``) and its ratio to the best of vLLM's host-tier connectors at the same budget.
 """
@@ -35,6 +37,7 @@ from typing import Any
 
 from hybrid_connector.bench.vllm_peers import setups as st
 from hybrid_connector.bench.vllm_peers import ttft
+from hybrid_connector.bench.vllm_peers.ceiling import ceiling
 from hybrid_connector.bench.vllm_peers.report import HOST_PEERS
 
 TRACES = ("chat_edits", "agentic_branch", "multiround_qa", "mooncake")
@@ -160,6 +163,7 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
             "device_bytes": nblocks * block_bytes, "max_len": max_len,
             "reusable_share": stats["reusable_share"]}
     model = ttft.for_preset(cfg.preset, sg.divisor)
+    info["ceiling"] = ceiling(recs, block, model)
     rows: list[dict[str, Any]] = []
     # every block of the trace once: more than any disk tier can be given to write
     every_block = sum(math.ceil((len(r["input_tokens"]) + len(r["output_tokens"])) / block)

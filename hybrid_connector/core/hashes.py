@@ -73,6 +73,9 @@ class ChainHasher:
             raise ValueError(f"prefix end {end} outside [0, {self._n}]")
         return hash_at(self._blocks, self._buf, end, self.block_size)
 
+    def block_ends(self, first: int, end: int) -> tuple[bytes, ...]:
+        return tuple(self.at(p) for p in range(first, end + 1, self.block_size))
+
 
 class EngineHashes:
     """An engine's chained block hashes: ``hashes[i]`` identifies ``tokens[:(i+1)*block]``.
@@ -86,9 +89,12 @@ class EngineHashes:
                  tokens: Sequence[int] | np.ndarray | None = None) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
-        bad = next((i for i, h in enumerate(hashes) if not isinstance(h, bytes) or not h), None)
-        if bad is not None:
-            raise ValueError(f"engine block hash {bad} is not non-empty bytes")
+        # the common case checked in C (exact bytes, none empty); else the full check
+        if not (set(map(type, hashes)) <= {bytes} and all(hashes)):
+            bad = next((i for i, h in enumerate(hashes) if not isinstance(h, bytes) or not h),
+                       None)
+            if bad is not None:
+                raise ValueError(f"engine block hash {bad} is not non-empty bytes")
         self.block_size = block_size
         self.hashes = list(hashes)
         self.tokens = as_tokens(tokens) if tokens is not None else None
@@ -99,6 +105,8 @@ class EngineHashes:
 
     def at(self, end: int) -> bytes:
         nfull, tail = divmod(end, self.block_size)
+        if not tail and 0 < nfull <= len(self.hashes):
+            return self.hashes[nfull - 1]  # a block end: the engine's hash of that block
         if end < 0 or nfull > len(self.hashes) or (tail and self.tokens is None):
             raise ValueError(f"no engine hash for a prefix of {end} tokens "
                              f"({len(self.hashes)} blocks of {self.block_size})")
@@ -106,6 +114,12 @@ class EngineHashes:
         if end > max(toks.size, nfull * self.block_size):
             raise ValueError(f"prefix end {end} past the {toks.size} tokens given")
         return hash_at(self.hashes, toks, end, self.block_size)
+
+    def block_ends(self, first: int, end: int) -> tuple[bytes, ...]:
+        bs = self.block_size
+        if end // bs <= len(self.hashes):  # ``at`` of a block end is that block's hash
+            return tuple(self.hashes[first // bs - 1:end // bs])
+        return tuple(self.at(p) for p in range(first, end + 1, bs))  # raises past them
 
 
 def continue_hashes(prev: bytes, offset: int, tokens: Sequence[int] | np.ndarray,

@@ -82,6 +82,10 @@ class HasherLike(Protocol):
 
     def at(self, end: int) -> bytes: ...
 
+    def block_ends(self, first: int, end: int) -> tuple[bytes, ...]:
+        """``at(p)`` for each block end ``p`` from ``first`` (a block end > 0) to ``end``."""
+        ...
+
 
 class PrefixHasher:
     """Prefix hashes of one token sequence at any end (``hash_at`` over its block chain),
@@ -97,6 +101,9 @@ class PrefixHasher:
         if not 0 <= end <= self.tokens.size:
             raise ValueError(f"prefix end {end} outside [0, {self.tokens.size}]")
         return hash_at(self.blocks, self.tokens, end, self.block_size)
+
+    def block_ends(self, first: int, end: int) -> tuple[bytes, ...]:
+        return tuple(self.at(p) for p in range(first, end + 1, self.block_size))
 
 
 def hash_at(blocks: Sequence[bytes], tokens: np.ndarray, end: int, block_size: int) -> bytes:
@@ -168,7 +175,7 @@ class ObjectKey:
                 and type(prefix) is bytes and len(prefix) <= MAX_PREFIX_BYTES
                 and type(kind) is ObjectKind and type(fingerprint) is str
                 and _fingerprint_ok(fingerprint)):
-            self._check()  # raises, or makes numpy integer positions plain ints
+            self._check()  # the slow path: raises, or makes numpy integer positions plain ints
         fields = (fingerprint, prefix, kind, self.start, self.end)
         put(self, "_fields", fields)
         put(self, "_hash", hash(fields))
@@ -196,9 +203,6 @@ class ObjectKey:
             raise ValueError(f"key prefix must be bytes of at most {MAX_PREFIX_BYTES}, got {got}")
         if not isinstance(self.kind, ObjectKind):
             raise ValueError(f"key kind must be an ObjectKind, got {self.kind!r}")
-        if type(self.start) is int and type(self.end) is int and (
-                0 <= self.start <= self.end <= MAX_POSITION):
-            return  # the common case, kept cheap: keys are made per chunk
         for name in ("start", "end"):
             v = getattr(self, name)
             try:

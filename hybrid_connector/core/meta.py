@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from hybrid_connector.core.hashes import EngineHashes
 from hybrid_connector.core.keys import (
     MAX_POSITION,
     MAX_PREFIX_BYTES,
@@ -123,8 +122,9 @@ class ObjectMeta:
                   kind: ObjectKind, hasher: HasherLike) -> ObjectMeta:
         """The metadata of the object of ``kind`` covering ``[start, end)`` of a sequence
         whose prefix hashes ``hasher`` gives (``tokens``: that sequence, or None to take
-        ``hasher.tokens``). A state needs ``start == end``. Uses only ``hasher.at`` and
-        ``hasher.block_size``. ValueError for a range outside the sequence."""
+        ``hasher.tokens``). A state needs ``start == end``. Uses only ``hasher.at``,
+        ``hasher.block_ends`` and ``hasher.block_size``. ValueError for a range outside the
+        sequence."""
         seq = getattr(hasher, "tokens", ()) if tokens is None else tokens
         if not 0 <= start <= end <= len(seq):
             raise ValueError(f"meta range [{start}, {end}) outside [0, {len(seq)}]")
@@ -134,12 +134,7 @@ class ObjectMeta:
                 raise ValueError(f"a state sits at one position, got [{start}, {end})")
             return cls(hasher.at(end), (), (), bs)
         first = (start // bs + 1) * bs
-        if type(hasher) is EngineHashes and end // bs <= len(hasher.hashes):
-            # ``at`` of a block end is the engine's hash of that block: slice them
-            hashes = tuple(hasher.hashes[first // bs - 1:end // bs])
-        else:
-            hashes = tuple(hasher.at(p) for p in range(first, end + 1, bs))
-        meta = cls(hasher.at(start), (), hashes, bs)
+        meta = cls(hasher.at(start), (), hasher.block_ends(first, end), bs)
         # as_tokens checked the slice (int64, non-negative): no per-token check again
         object.__setattr__(meta, "tokens", tuple(as_tokens(seq[start:end]).tolist()))
         return meta

@@ -101,6 +101,13 @@ class Saver:
         return self._anchor_bytes
 
     def _check(self, sp: ObjectSpec, n: int) -> str | None:
+        """Why ``sp`` cannot be saved for ``n`` tokens (None: it can)."""
+        kind, end = sp.kind, sp.end
+        if kind is ObjectKind.KV:  # the common cases first, without ``expected_nbytes``
+            if end <= n and sp.nbytes == (end - sp.start) * self._kv_per_token:
+                return None
+        elif kind is ObjectKind.STATE and 0 < end <= n and sp.nbytes == self._state_bytes:
+            return None
         if sp.end > n or (sp.kind is ObjectKind.STATE and sp.end == 0):
             return "outside"
         page = self.ix.config.anchor_page_size
@@ -170,15 +177,9 @@ class Saver:
                 out += self._heal(list(cand.values()))
                 batch: set[ObjectKey] = set()
                 placed, doomed = ix.table.placement(), ix.table.unusable_sets()[1]
-                kvpt, sb = self._kv_per_token, self._state_bytes
                 for i in order:
                     sp = specs[i]
-                    kind, end = sp.kind, sp.end  # ``_check``'s common cases inline
-                    if kind is ObjectKind.KV:
-                        fine = end <= size and sp.nbytes == (end - sp.start) * kvpt
-                    else:
-                        fine = kind is ObjectKind.STATE and 0 < end <= size and sp.nbytes == sb
-                    reason = None if fine else self._check(sp, size)
+                    reason = self._check(sp, size)
                     if reason is not None:
                         refused.append(Rejection(sp.kind, sp.start, sp.end, reason))
                         continue

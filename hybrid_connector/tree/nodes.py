@@ -86,13 +86,15 @@ class Node:
 
     def nbytes(self, kind: ObjectKind | None = None) -> int:
         """Bytes of the objects on this node (of one kind, or all)."""
-        total = 0
-        if kind in (None, ObjectKind.KV):
-            total += sum(r.nbytes for r in self.kv.values())
-        if kind in (None, ObjectKind.STATE) and self.state is not None:
+        total = 0  # plain loops: eviction policies ask this of every node they refresh
+        if kind is None or kind is ObjectKind.KV:
+            for r in self.kv.values():
+                total += r.nbytes
+        if (kind is None or kind is ObjectKind.STATE) and self.state is not None:
             total += self.state.nbytes
-        if kind in (None, ObjectKind.ANCHOR):
-            total += sum(r.nbytes for r in self.anchors.values())
+        if kind is None or kind is ObjectKind.ANCHOR:
+            for r in self.anchors.values():
+                total += r.nbytes
         return total
 
     def __repr__(self) -> str:

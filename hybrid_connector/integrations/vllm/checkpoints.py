@@ -37,7 +37,6 @@ save stops at the prompt's last boundary (``save_cap``).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -131,8 +130,15 @@ def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int) -
     """How many of ``request``'s first ``end`` computed tokens may be saved: all while its
     answer is stored, else its prompt, cut to the last block boundary unless
     ``prompts.exact`` (asked first: every request counts as an arrival there)."""
-    # both gates decide at a request's first call: one prompt copy, made only then
-    copy = functools.cache(lambda: prompt_tokens(request))
+    # both gates decide at a request's first call: one prompt copy, made only then (a
+    # closure, not functools.cache: this runs for every request at every saving step)
+    made: list[np.ndarray] = []
+
+    def copy() -> np.ndarray:
+        if not made:
+            made.append(prompt_tokens(request))
+        return made[0]
+
     exact = prompts.exact(request, copy)
     if answers.stores(request, copy):
         return end

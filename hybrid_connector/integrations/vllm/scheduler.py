@@ -110,6 +110,7 @@ class SchedulerSide:
         self._adopted = False
         self._finish_saves: list[SaveJob] = []  # end-of-request tails for the next step
         self._recurrent = frozenset(groups.recurrent_groups)
+        self._chunk, self._states = config.chunk_size, bool(groups.recurrent)  # per step
         self._kvb = self.index.geometry.kv_bytes_per_token()
         self._sb = self.index.geometry.state_bytes()
         self.answers = AnswerGate(config.save_decode_cache, self.index)  # checkpoints.py
@@ -211,8 +212,8 @@ class SchedulerSide:
 
     def _nothing_new(self, rec: Tracked, upto: int) -> bool:
         """Saving ``rec``'s first ``upto`` tokens adds no state boundary and no KV chunk."""
-        return not (self.groups.recurrent and rec.open_offers) and (
-            not self._kvb or upto - upto % self.config.chunk_size <= rec.kv_saved)
+        return not (self._states and rec.open_offers) and (
+            not self._kvb or upto - upto % self._chunk <= rec.kv_saved)
 
     def saves_for(self, rec: Tracked, end: int,
                   block_ids: Callable[[], Sequence[Sequence[int]] | None]) -> SaveJob | None:

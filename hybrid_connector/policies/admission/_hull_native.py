@@ -97,17 +97,18 @@ def load() -> ctypes.CDLL | None:
 
 
 def hull_dp(depths: np.ndarray, weights: np.ndarray, m: int) -> tuple[float, np.ndarray] | None:
-    """Run the native DP: (f_M(K), args M x (K+1)) or ``None`` when unavailable."""
-    lib = load()
+    """Run the native DP: (f_M(K), args M x (K+1)) or ``None`` when unavailable. Called for
+    tiny problems (K ~ 10) many times: two allocations, the inputs copied into the first."""
+    lib = _lib if _tried else load()
     if lib is None:
         return None
     k = int(depths.size)
-    d = np.ascontiguousarray(depths, dtype=np.float64)
-    w = np.ascontiguousarray(weights, dtype=np.float64)
-    args = np.zeros((m, k + 1), dtype=np.int64)
-    bufs = [np.empty(k + 1, dtype=np.float64) for _ in range(7)]
-    hi = np.empty(k + 1, dtype=np.int64)
-    ptr = [a.ctypes.data for a in (d, w, args, *bufs, hi)]
-    # P, Q, slope, fp, f, hk, hb take the seven float buffers in that order.
-    cost = lib.hull_dp(k, m, ptr[0], ptr[1], ptr[2], *ptr[3:10], ptr[10])
-    return float(cost), args
+    n = k + 1
+    # float64: depth, w, then the seven scratch rows P, Q, slope, fp, f, hk, hb (n each)
+    fl = np.empty(9 * n, dtype=np.float64)
+    fl[:k] = depths
+    fl[n:n + k] = weights
+    ints = np.zeros((m + 1) * n, dtype=np.int64)  # args (m x n), then the scratch row hi
+    fp, ip, s = fl.ctypes.data, ints.ctypes.data, 8 * n
+    cost = lib.hull_dp(k, m, fp, fp + s, ip, *(fp + r * s for r in range(2, 9)), ip + m * s)
+    return float(cost), ints[:m * n].reshape(m, n)

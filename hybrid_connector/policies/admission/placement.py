@@ -76,7 +76,7 @@ def solve_dp(
         return 0.0, []
     integral = np.issubdtype(w.dtype, np.integer)
     if backend != "python" and not integral and m > 0:  # float64 copies: no Python lists
-        native = _hull_native.hull_dp(support, w[support].astype(np.float64), m)
+        native = _hull_native.hull_dp(support, w[support], m)
         if native is not None:
             return native[0], _backtrack(support.tolist(), native[1].tolist())
         if backend == "native":

@@ -6,9 +6,9 @@ kind's pressure can never take room from another kind, and no external fragmenta
 object takes ``ceil(nbytes / page)`` pages wherever they are free (consecutive pages form
 one run, copied at once), so a put that fits the budget in whole pages always finds room.
 That is what lets the ledger's byte accounting (``Tier.granularity``) match the slab
-exactly. Pages are sized per pool (``page_bytes``): at least ``ALIGN``, about
-``budget / PAGES_PER_POOL``, so page lists stay short and the waste is under one page per
-object.
+exactly. Pages are sized per pool (``page_bytes``): a power of two, at least ``ALIGN``, of
+``budget / PAGES_PER_POOL`` to twice that, so page lists stay short, power-of-two objects
+(KV chunks) waste nothing and the waste is under one page per object.
 """
 
 from __future__ import annotations
@@ -38,9 +38,14 @@ def _round_up(n: int, a: int = ALIGN) -> int:
 
 
 def page_bytes(budget: int) -> int:
-    """Page size of a pool of ``budget`` bytes: a multiple of ALIGN, about
-    ``budget / PAGES_PER_POOL``."""
-    return max(ALIGN, _round_up(-(-budget // PAGES_PER_POOL)))
+    """Page size of a pool of ``budget`` bytes: the smallest power of two (at least ALIGN)
+    giving at most ``PAGES_PER_POOL`` pages. A power of two, so that the power-of-two
+    objects (KV chunks: 2^k tokens of 2^j bytes each) fill whole pages: a page of
+    ``budget / PAGES_PER_POOL`` rounded to ALIGN alone (2,240 B for 8.99 MB) charged a
+    16,384 B chunk 17,920 B, a tenth of a KV pool wasted (the vLLM head-to-head's
+    Mooncake replay at 2x the working set: 0.282 -> 0.290)."""
+    target = max(ALIGN, -(-budget // PAGES_PER_POOL))
+    return 1 << (target - 1).bit_length()
 
 
 class PagePool:

@@ -77,13 +77,20 @@ class ObjectSpec:
     end: int
     nbytes: int
 
-    def __post_init__(self) -> None:
-        if self.kind is ObjectKind.STATE and self.start != self.end:
-            raise ValueError(f"a state item has start == end, got [{self.start}, {self.end})")
-        if self.kind is not ObjectKind.STATE and not 0 <= self.start < self.end:
-            raise ValueError(f"bad {self.kind.value} range [{self.start}, {self.end})")
-        if self.nbytes <= 0:
-            raise ValueError(f"an object has a positive size, got {self.nbytes}")
+    def __init__(self, kind: ObjectKind, start: int, end: int, nbytes: int) -> None:
+        # by hand, not the dataclass's: specs are made per chunk at every save
+        put = object.__setattr__
+        put(self, "kind", kind)
+        put(self, "start", start)
+        put(self, "end", end)
+        put(self, "nbytes", nbytes)
+        if kind is ObjectKind.STATE:
+            if start != end:
+                raise ValueError(f"a state item has start == end, got [{start}, {end})")
+        elif not 0 <= start < end:
+            raise ValueError(f"bad {kind.value} range [{start}, {end})")
+        if nbytes <= 0:
+            raise ValueError(f"an object has a positive size, got {nbytes}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ import numpy as np
 
 from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.policies.admission.answers import AnswerReuse
+from hybrid_connector.runtime.progress import TokenBuffer
 
 DECIDED = 65536  # requests whose decision is remembered (finished ones are forgotten at once)
 
@@ -126,17 +127,20 @@ class PromptGate:
         self._decided.pop(request.request_id, None)
 
 
-def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int) -> int:
+def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int,
+             tokens: TokenBuffer | None = None) -> int:
     """How many of ``request``'s first ``end`` computed tokens may be saved: all while its
     answer is stored, else its prompt, cut to the last block boundary unless
-    ``prompts.exact`` (asked first: every request counts as an arrival there)."""
+    ``prompts.exact`` (asked first: every request counts as an arrival there). ``tokens``:
+    the request's token buffer, where its prompt is read without converting vLLM's list."""
     # both gates decide at a request's first call: one prompt copy, made only then (a
     # closure, not functools.cache: this runs for every request at every saving step)
     made: list[np.ndarray] = []
 
     def copy() -> np.ndarray:
         if not made:
-            made.append(prompt_tokens(request))
+            made.append(prompt_tokens(request) if tokens is None else tokens.view(
+                request.all_token_ids, request.num_tokens)[: request.num_prompt_tokens])
         return made[0]
 
     exact = prompts.exact(request, copy)

@@ -223,7 +223,7 @@ class SchedulerSide:
         skips the call once the gates decided and nothing can be saved (cap <= end)."""
         request, chunk, kv_from, kvb = rec.request, self.config.chunk_size, rec.kv_saved, self._kvb
         unsaved = bool(self.groups.recurrent and rec.open_offers)
-        cap, rec.gated = save_cap(self.answers, self.prompts, request, end), True
+        cap, rec.gated = save_cap(self.answers, self.prompts, request, end, rec.tokens), True
         if self._nothing_new(rec, cap):
             return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)
         toks = rec.tokens.view(request.all_token_ids, request.num_tokens)[:end]
@@ -286,7 +286,7 @@ class SchedulerSide:
             return False
         n = request.num_computed_tokens
         vllm_blocks, rec.tail_blocks = rec.tail_blocks, None
-        cap = save_cap(self.answers, self.prompts, request, n)
+        cap = save_cap(self.answers, self.prompts, request, n, rec.tokens)
         if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
                 or n in rec.states_saved):
             return False

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybrid_connector.tiers.slab import ALIGN, PagePool, page_bytes
+from hybrid_connector.tiers.slab import ALIGN, PAGES_PER_POOL, PagePool, page_bytes
 
 
 def test_pages_are_reused_in_any_order() -> None:
@@ -34,7 +34,7 @@ def test_double_free_and_out_of_range() -> None:
 
 def test_page_size_tracks_the_budget() -> None:
     assert page_bytes(100) == ALIGN and page_bytes(4096 * 1000) % ALIGN == 0
-    assert 4096 * 1000 // page_bytes(4096 * 1000) <= 4096
+    assert 4096 * 1000 // page_bytes(4096 * 1000) <= PAGES_PER_POOL
 
 
 @settings(max_examples=60, deadline=None)

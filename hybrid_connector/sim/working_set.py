@@ -40,6 +40,28 @@ def _lcp(a: bytes, b: bytes) -> int:
     return int(diff[0]) if diff.size else n
 
 
+class SeenSequences:
+    """Every token sequence added so far, kept sorted so that the longest common prefix of a
+    new one with any of them is one of its two neighbours'."""
+
+    def __init__(self) -> None:
+        self._seen: list[bytes] = []
+
+    @staticmethod
+    def key(seq: np.ndarray) -> bytes:
+        """``seq`` as the byte string ``longest`` and ``add`` take (4 bytes per token)."""
+        return np.asarray(seq).astype(">u4").tobytes()
+
+    def longest(self, key: bytes) -> int:
+        """Tokens of ``key`` that some added sequence holds as its own prefix's."""
+        j = bisect.bisect_left(self._seen, key)
+        return max((_lcp(key, self._seen[k]) for k in (j - 1, j) if 0 <= k < len(self._seen)),
+                   default=0)
+
+    def add(self, key: bytes) -> None:
+        bisect.insort(self._seen, key)
+
+
 def _blocks(seq: np.ndarray, block: int) -> list[int]:
     """Chained hashes of the full ``block``-token blocks of ``seq`` (a prefix identity)."""
     out, h = [], 0
@@ -60,7 +82,7 @@ def trace_stats(records: Sequence[Record], block_tokens: int = 16) -> dict[str, 
     ``live_peak_tokens`` and ``live_peak_states`` (block granularity)."""
     if block_tokens < 1:
         raise ValueError("block_tokens must be >= 1")
-    seen: list[bytes] = []  # every earlier input+output, sorted (max LCP is a neighbour's)
+    seen = SeenSequences()  # every earlier input+output
     hits: set[bytes] = set()
     prompt = unique = reusable = max_prompt = 0
     born: dict[int, int] = {}
@@ -69,10 +91,9 @@ def trace_stats(records: Sequence[Record], block_tokens: int = 16) -> dict[str, 
     for i, r in enumerate(records):
         inp = np.asarray(r["input_tokens"], dtype=np.int64)
         seq = np.concatenate([inp, np.asarray(r["output_tokens"], dtype=np.int64)])
-        key = seq.astype(">u4").tobytes()
-        j = bisect.bisect_left(seen, key)
-        m = max((_lcp(key, seen[k]) for k in (j - 1, j) if 0 <= k < len(seen)), default=0)
-        bisect.insort(seen, key)
+        key = seen.key(seq)
+        m = seen.longest(key)
+        seen.add(key)
         unique += seq.size - m
         got = min(m, inp.size)
         reusable += got

@@ -19,7 +19,6 @@ token of those hits (``ttft.TTFTModel``, loads taken as free: a floor for any co
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -27,14 +26,7 @@ from typing import Any
 import numpy as np
 
 from hybrid_connector.bench.vllm_peers.ttft import TTFTModel
-
-
-def _lcp(a: bytes, b: bytes) -> int:
-    """Common prefix, in tokens, of two 4-byte-per-token strings."""
-    x, y = np.frombuffer(a, dtype=">u4"), np.frombuffer(b, dtype=">u4")
-    n = min(x.size, y.size)
-    d = np.flatnonzero(x[:n] != y[:n])
-    return int(d[0]) if d.size else n
+from hybrid_connector.sim.working_set import SeenSequences
 
 
 def _digest(b: bytes) -> bytes:
@@ -45,15 +37,14 @@ def request_hits(records: Sequence[dict[str, Any]], block: int) -> list[tuple[in
     """(prompt tokens, ceiling hit tokens) per request of ``records`` (module docstring)."""
     if block < 1:
         raise ValueError("block must be >= 1")
-    seen: list[bytes] = []  # every earlier input+output, sorted: the longest LCP is a neighbour's
+    seen = SeenSequences()  # every earlier input+output
     ends: set[bytes] = set()  # digests of every earlier exact-end prefix
     out = []
     for r in records:
         inp = np.asarray(r["input_tokens"], dtype=np.int64)
         seq = np.concatenate([inp, np.asarray(r["output_tokens"], dtype=np.int64)])
-        key = seq.astype(">u4").tobytes()
-        j = bisect.bisect_left(seen, key)
-        m = max((_lcp(key, seen[k]) for k in (j - 1, j) if 0 <= k < len(seen)), default=0)
+        key = seen.key(seq)
+        m = seen.longest(key)
         cap = min(m, inp.size - 1)
         hit = max(0, cap // block * block)
         for n in range(cap, hit, -1):  # an exact end between the block floor and the cap
@@ -61,7 +52,7 @@ def request_hits(records: Sequence[dict[str, Any]], block: int) -> list[tuple[in
                 hit = n
                 break
         out.append((int(inp.size), hit))
-        bisect.insort(seen, key)
+        seen.add(key)
         ends.add(_digest(key[: 4 * inp.size]))
         ends.add(_digest(key[: 4 * (seq.size - 1)]))
     return out

@@ -38,13 +38,16 @@ class ObjectKind(StrEnum):
     ANCHOR = "anchor"
 
 
+_MIN = np.minimum.reduce  # ``ndarray.min`` less numpy's Python-level ``_amin`` wrapper
+
+
 def as_tokens(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
     """Return ``tokens`` as a contiguous 1-D int64 array (no copy when already one).
     Raises ValueError on a non 1-D input, non-integer values (floats are never truncated
     silently) or negative token ids."""
     if (type(tokens) is np.ndarray and tokens.dtype == _INT64 and tokens.ndim == 1
             and tokens.flags.c_contiguous):  # the common case: what this function returned
-        if tokens.size and int(tokens.min()) < 0:
+        if tokens.size and _MIN(tokens) < 0:  # the ufunc itself: no numpy wrapper frame
             raise ValueError("token ids must be non-negative")
         return tokens
     raw = np.asarray(tokens)

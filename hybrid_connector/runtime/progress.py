@@ -19,6 +19,8 @@ from hybrid_connector.core.hashes import EngineHashes
 from hybrid_connector.index.plan import LoadPlan, LoadResult
 from hybrid_connector.index.state import Lease
 
+_MIN = np.minimum.reduce  # ``ndarray.min`` less numpy's Python-level wrapper
+
 
 class TokenBuffer:
     """A request's tokens as a contiguous int64 array that only grows (engines append
@@ -43,7 +45,7 @@ class TokenBuffer:
                 grown[: self._n] = self._buf[: self._n]
                 self._buf = grown
             new = np.asarray(source[self._n : n], dtype=np.int64)
-            if new.size and int(new.min()) < 0:
+            if new.size and _MIN(new) < 0:
                 raise ValueError("token ids must be non-negative")
             self._buf[self._n : n] = new
             self._n = n

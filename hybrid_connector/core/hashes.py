@@ -19,7 +19,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hybrid_connector.core.keys import ROOT_HASH, HasherLike, _h, as_tokens, hash_at
+from hybrid_connector.core.keys import (
+    ROOT_HASH,
+    HasherLike,
+    _h,
+    as_tokens,
+    at_block_ends,
+    hash_at,
+)
 
 _NO_TOKENS = as_tokens(())
 Hashes = HasherLike  # what a save needs from prefix hashes (``keys.PrefixHasher`` too)
@@ -74,7 +81,7 @@ class ChainHasher:
         return hash_at(self._blocks, self._buf, end, self.block_size)
 
     def block_ends(self, first: int, end: int) -> tuple[bytes, ...]:
-        return tuple(self.at(p) for p in range(first, end + 1, self.block_size))
+        return at_block_ends(self, first, end)
 
 
 class EngineHashes:
@@ -119,7 +126,7 @@ class EngineHashes:
         bs = self.block_size
         if end // bs <= len(self.hashes):  # ``at`` of a block end is that block's hash
             return tuple(self.hashes[first // bs - 1:end // bs])
-        return tuple(self.at(p) for p in range(first, end + 1, bs))  # raises past them
+        return at_block_ends(self, first, end)  # raises past them
 
 
 def continue_hashes(prev: bytes, offset: int, tokens: Sequence[int] | np.ndarray,

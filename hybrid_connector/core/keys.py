@@ -106,7 +106,13 @@ class PrefixHasher:
         return hash_at(self.blocks, self.tokens, end, self.block_size)
 
     def block_ends(self, first: int, end: int) -> tuple[bytes, ...]:
-        return tuple(self.at(p) for p in range(first, end + 1, self.block_size))
+        return at_block_ends(self, first, end)
+
+
+def at_block_ends(hasher: HasherLike, first: int, end: int) -> tuple[bytes, ...]:
+    """``hasher.at(p)`` for each block end ``p`` from ``first`` to ``end``: ``block_ends``
+    of a hasher with no faster way to it."""
+    return tuple(hasher.at(p) for p in range(first, end + 1, hasher.block_size))
 
 
 def hash_at(blocks: Sequence[bytes], tokens: np.ndarray, end: int, block_size: int) -> bytes:

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybrid_connector.core.hashes import EngineHashes
+from hybrid_connector.core.keys import as_tokens
 from hybrid_connector.index.plan import LoadPlan, LoadResult
 from hybrid_connector.index.state import Lease
-
-_MIN = np.minimum.reduce  # ``ndarray.min`` less numpy's Python-level wrapper
 
 
 class TokenBuffer:
@@ -44,9 +43,7 @@ class TokenBuffer:
                 grown = np.empty(max(n, 2 * self._buf.size), dtype=np.int64)
                 grown[: self._n] = self._buf[: self._n]
                 self._buf = grown
-            new = np.asarray(source[self._n : n], dtype=np.int64)
-            if new.size and _MIN(new) < 0:
-                raise ValueError("token ids must be non-negative")
+            new = as_tokens(np.asarray(source[self._n : n], dtype=np.int64))  # ids >= 0
             self._buf[self._n : n] = new
             self._n = n
         return self._buf[:n]

@@ -128,7 +128,7 @@ class PromptGate:
 
 
 def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int,
-             tokens: TokenBuffer | None = None) -> int:
+             tokens: TokenBuffer) -> int:
     """How many of ``request``'s first ``end`` computed tokens may be saved: all while its
     answer is stored, else its prompt, cut to the last block boundary unless
     ``prompts.exact`` (asked first: every request counts as an arrival there). ``tokens``:
@@ -139,8 +139,8 @@ def save_cap(answers: AnswerGate, prompts: PromptGate, request: Any, end: int,
 
     def copy() -> np.ndarray:
         if not made:
-            made.append(prompt_tokens(request) if tokens is None else tokens.view(
-                request.all_token_ids, request.num_tokens)[: request.num_prompt_tokens])
+            made.append(tokens.view(request.all_token_ids,
+                                    request.num_tokens)[: request.num_prompt_tokens])
         return made[0]
 
     exact = prompts.exact(request, copy)

@@ -221,8 +221,8 @@ class SchedulerSide:
         ``block_ids`` gives its blocks per group (asked only when there is something to
         save; None: vLLM no longer knows the request, nothing is saved). ``build_meta``
         skips the call once the gates decided and nothing can be saved (cap <= end)."""
-        request, chunk, kv_from, kvb = rec.request, self.config.chunk_size, rec.kv_saved, self._kvb
-        unsaved = bool(self.groups.recurrent and rec.open_offers)
+        request, chunk, kv_from, kvb = rec.request, self._chunk, rec.kv_saved, self._kvb
+        unsaved = bool(self._states and rec.open_offers)
         cap, rec.gated = save_cap(self.answers, self.prompts, request, end, rec.tokens), True
         if self._nothing_new(rec, cap):
             return None  # most decode steps: no new chunk, no new boundary (skip the O(n) work)

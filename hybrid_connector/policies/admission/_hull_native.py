@@ -99,7 +99,7 @@ def load() -> ctypes.CDLL | None:
 def hull_dp(depths: np.ndarray, weights: np.ndarray, m: int) -> tuple[float, np.ndarray] | None:
     """Run the native DP: (f_M(K), args M x (K+1)) or ``None`` when unavailable. Called for
     tiny problems (K ~ 10) many times: two allocations, the inputs copied into the first."""
-    lib = _lib if _tried else load()
+    lib = load()
     if lib is None:
         return None
     k = int(depths.size)

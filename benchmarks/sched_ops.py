@@ -35,7 +35,6 @@ class OpCounter:
 
     def __init__(self) -> None:
         self.total = 0
-        self.calls: Counter[str] = Counter()
         self.by_method: Counter[str] = Counter()
         self.by_file: Counter[str] = Counter()
         self._method = ""
@@ -62,7 +61,6 @@ class OpCounter:
 
     def _wrap(self, name: str, fn: Any) -> Any:
         def counted(*a: Any, **k: Any) -> Any:
-            self.calls[name] += 1
             if self._depth:
                 return fn(*a, **k)
             self._depth = 1

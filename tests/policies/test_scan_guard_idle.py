@@ -1,5 +1,5 @@
 """``eviction.scan_guard``: a prefix proven on its ghost (a cycle longer than the budget
-came back) turns unproven again once no access reached it over 1.25 capacities of intake, while
+came back) turns unproven again once no access reached it over a capacity of intake, while
 the proven class earns fewer hits than the unproven one, so prefixes that stopped
 returning do not hold the budget against newcomers (the Mooncake replay's conversations
 come back once at 1-2x the budget and then mostly never)."""
@@ -69,3 +69,66 @@ def test_newcomers_hit_once_the_cycle_they_replace_has_idled_a_capacity() -> Non
     assert pol.guard.aged > 0
     assert True in hit[:10], hit
     assert sum(hit) >= 13, hit
+
+
+def _third_turns_then_newcomers() -> tuple[list[bool], MarconiEviction]:
+    """30 conversations whose second turn comes 16 conversations later (past the budget:
+    re-created on its ghost, so proven) and whose third turn follows at once (a hit, and
+    an extension of a proven leaf: proven, but not on a ghost), then never again; then 40
+    new conversations that each come back once, four conversations later: whether each
+    of those follow-ups hit."""
+    per = (1024 + 256) * GEO.kv_bytes_per_token() + GEO.state_bytes()
+    pol = MarconiEviction(alpha=0.0, refresh_path=True, scan_resistant=True)
+    sim = Simulator(CFG, GEO, Budget.pooled(int(9 * per)), eviction=pol)
+    first = [_tokens(u, 1024) for u in range(30)]
+    for i in range(30 + 16):
+        if i < 30:
+            sim.step(first[i], OUT)
+        if i >= 16:
+            second = np.r_[first[i - 16], OUT, _tokens(50_000 + i, 128)]
+            sim.step(second, OUT)
+            assert sim.step(np.r_[second, OUT, _tokens(60_000 + i, 128)], OUT).hit > 0
+    assert pol.guard.ghost_hits > 0 and pol.guard.proven_hits > 0
+    new = [_tokens(90_000 + u, 1024) for u in range(40)]
+    hit: list[bool] = []
+    for i in range(40 + 4):
+        if i < 40:
+            sim.step(new[i], OUT)
+        if i >= 4:
+            follow_up = np.r_[new[i - 4], OUT, _tokens(70_000 + i, 256)]
+            hit.append(sim.step(follow_up, OUT).hit > 0)
+    sim.close()
+    return hit, pol
+
+
+def test_third_turns_that_stop_returning_age_out_like_ghost_proven_ones() -> None:
+    """The third turns' leaves were proven without a ghost; once they idle a capacity of
+    intake while the newcomers' hits (unproven) outnumber proven ones over the last
+    capacity, they turn unproven, and the first newcomer's follow-up hits. Before, only
+    ghost-proven leaves aged (none here: each has its third turn below it), the third
+    turns held the proven class and the first follow-up to hit was the 7th."""
+    hit, pol = _third_turns_then_newcomers()
+    assert pol.guard.aged > 0
+    assert hit[0], hit
+
+
+def test_a_cycle_protected_in_after_many_unproven_hits_keeps_its_leaves() -> None:
+    """40 conversations that come back once (40 unproven hits), then ten users in turn
+    with room for about seven: the cycle's proven leaves idle past a capacity of intake
+    while it is being protected in, but over the last capacity the proven hits win, so
+    they stay proven and the cycle keeps hitting. Gated on the hits over the whole run
+    instead (where the unproven lead from the start), they turned unproven and the last
+    four rounds hit nothing."""
+    budget = int(7 * ((1536 + 256) * GEO.kv_bytes_per_token() + GEO.state_bytes()))
+    pol = MarconiEviction(alpha=0.0, refresh_path=True, scan_resistant=True)
+    sim = Simulator(CFG, GEO, Budget.pooled(budget), eviction=pol)
+    _conversations(sim, 3000, 40, 3)
+    ctx = [np.r_[SYSTEM, _tokens(u, 1024)] for u in range(10)]
+    late = 0
+    for r in range(10):
+        for u in range(10):
+            got = sim.step(ctx[u], OUT).hit > len(SYSTEM) + 200
+            late += got and r >= 6
+            ctx[u] = np.r_[ctx[u], OUT, _tokens(100 + u + 1000 * r, 128)]
+    sim.close()
+    assert late >= 8, late

@@ -18,7 +18,11 @@ into two classes and remembers what eviction took (*ghosts*):
   again once no access has reached it while the tree took in one capacity, as long as
   fewer hits have landed on proven nodes than on unproven ones over the run (looked for
   whenever the unproven go first, at most every 1/16 capacity of intake): plain recency
-  would have let it go by then, and the protection is not paying. In the Mooncake replay
+  would have let it go by then, and the protection is not paying. Any other proven leaf
+  (proven by a hit, or a follow-up's extension of one) idle as long turns unproven too
+  while fewer hits landed on proven nodes than on unproven ones over the last capacity of
+  intake (not the run: a cycle still being protected in, before its proven hits come,
+  keeps its leaves). In the Mooncake replay
   conversations come back once at 1-2x the capacity, are proven on their ghosts, shrink
   ``room`` and then mostly never return; kept proven, they filled the budget while new
   conversations were evicted before their follow-ups. A protected cycle keeps its
@@ -36,18 +40,19 @@ into two classes and remembers what eviction took (*ghosts*):
 hung: the id of the ancestor that survives its eviction (a state, a branch or the root)
 and the first token below it; a save that hangs a new chain at the same place with the same
 token re-creates it. Ghost bytes are kept up to twice the capacity (FIFO). Metadata only;
-O(chain length) per created or evicted node, O(proven leaves) per promotion into a full set.
+O(chain length) per created or evicted node, O(proven leaves) per promotion into a full set,
+O(proven nodes) per look for idle leaves.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import NamedTuple
 
 from hybrid_connector.tree.radix import Node
 
 GhostKey = tuple[int, int]
-SWEEP = 16  # idle ghost-proven leaves are looked for at most every 1/SWEEP capacity of intake
+SWEEP = 16  # idle proven leaves are looked for at most every 1/SWEEP capacity of intake
 IDLE = 1.0  # ... and turn unproven after IDLE capacities of intake without an access
 
 
@@ -86,6 +91,8 @@ class ScanGuard:
         self._hits_seen: dict[int, int] = {}  # node id -> ``Node.hits`` at its last refresh
         self.proven_hits = 0  # hits that landed on a proven node ...
         self.unproven_hits = 0  # ... and on an unproven one
+        self._recent: deque[tuple[float, bool]] = deque()  # (``taken_in``, proven) per hit
+        self._recent_hits = [0, 0]  # ... of those in the last capacity: unproven, proven
 
     @property
     def room(self) -> float:
@@ -97,17 +104,29 @@ class ScanGuard:
             self._demote_idle()
         return False if self.unproven_bytes > self.room else None
 
+    def _recent_losing(self) -> bool:
+        """Fewer hits landed on proven nodes than on unproven ones over the last capacity
+        of intake."""
+        limit = self.taken_in - self.capacity
+        while self._recent and self._recent[0][0] < limit:
+            self._recent_hits[self._recent.popleft()[1]] -= 1
+        return self._recent_hits[1] < self._recent_hits[0]
+
     def _demote_idle(self) -> None:
-        """Ghost-proven leaves no access reached over ``IDLE`` capacities of intake turn
-        unproven, while fewer hits have landed on proven nodes than on unproven ones."""
-        if (self.taken_in - self._swept < self.capacity / SWEEP
-                or self.proven_hits >= self.unproven_hits):
+        """Proven leaves no access reached over ``IDLE`` capacities of intake turn unproven
+        while the protection is not paying (module docstring): ghost-proven ones on the
+        hits over the run, the others on the hits over the last capacity of intake."""
+        if self.taken_in - self._swept < self.capacity / SWEEP:
+            return
+        run, recent = self.proven_hits < self.unproven_hits, self._recent_losing()
+        if not (run or recent):
             return
         self._swept = self.taken_in
         limit = self.taken_in - IDLE * self.capacity
-        for nid in self._ghosted:
+        for nid in list(self.proven):
             n = self._nodes.get(nid)
-            if (n is not None and nid in self.proven and not n.children
+            if (n is not None and (run if nid in self._ghosted else recent)
+                    and not n.children
                     and self._stamp.get(nid, self._made.get(nid, 0.0)) < limit):
                 self._count(n, False)
                 self.aged += 1
@@ -182,10 +201,14 @@ class ScanGuard:
         self._nodes[node.id] = node
         if node.hits > self._hits_seen.get(node.id, 0):  # a hit, counted in its class
             self._hits_seen[node.id] = node.hits
-            if node.id in self.proven:
+            proven = node.id in self.proven
+            if proven:
                 self.proven_hits += 1
             else:
                 self.unproven_hits += 1
+            self._recent.append((self.taken_in, proven))
+            self._recent_hits[proven] += 1
+            self._recent_losing()  # drops the hits older than a capacity
         self.capacity = max(self.capacity, total_bytes)
         if node.hits > 0 and node.id not in self.proven and self._admit(
                 node.nbytes(), now - self._born.get(node.id, now), now):

@@ -41,6 +41,7 @@ from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.policies.base import Evictable, EvictionPolicy
 from hybrid_connector.policies.eviction.accounting import Accounting, CorrectedAccounting
+from hybrid_connector.policies.eviction.marconi_order import move_entry
 from hybrid_connector.policies.eviction.marconi_terms import (
     base_depth,
     eligible,
@@ -359,13 +360,10 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
             have = keys.get(kind)
             if want == have:
                 continue
-            if have is not None:
-                self._remove_key(kind, have, nid)
+            move_entry(self._by_time[kind], self._by_eff.get(kind), have, want, nid)
+            if want is None:
                 del keys[kind]
-            if want is not None:
-                self._by_time[kind].add((want[0], nid))
-                if kind is not _ANCHOR:  # ranked: _RANKED
-                    self._by_eff[kind].add((want[1], nid))
+            else:
                 keys[kind] = want
 
     def _dirty_chain_below(self, node: Node) -> None:
@@ -378,18 +376,9 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
             if c.state is None and len(c.children) == 1:
                 stack.extend(c.children.values())
 
-    def _remove_key(self, kind: ObjectKind, key: tuple[float, float], nid: int) -> None:
-        for items, value in ((self._by_time[kind], key[0]), (self._by_eff.get(kind), key[1])):
-            if items is None:
-                continue
-            try:
-                items.remove((value, nid))
-            except ValueError:  # pragma: no cover - would be an index bug
-                raise AssertionError(f"index lost node {nid} ({kind.value})") from None
-
     def _unindex(self, entry: _Entry) -> None:
         for kind, key in entry.keys.items():
-            self._remove_key(kind, key, entry.node.id)
+            move_entry(self._by_time[kind], self._by_eff.get(kind), key, None, entry.node.id)
         entry.keys = {}
 
     def candidates(self, kind: ObjectKind) -> Iterable[Node]:

@@ -7,12 +7,15 @@ come back once at 1-2x the budget and then mostly never)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hybrid_connector.core.config import load_config
 from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.policies.eviction import scan_guard
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.runtime.simulator import Simulator
 from hybrid_connector.tiers.size_only import Budget
+from hybrid_connector.tree.nodes import Node
 
 GEO = get_preset("marconi-7b")
 CFG = load_config(None, {"chunk_size": 256, "hash_block_size": 8, "alignment": 8},
@@ -132,3 +135,17 @@ def test_a_cycle_protected_in_after_many_unproven_hits_keeps_its_leaves() -> Non
             ctx[u] = np.r_[ctx[u], OUT, _tokens(100 + u + 1000 * r, 128)]
     sim.close()
     assert late >= 8, late
+
+
+def test_the_recent_hit_tally_is_bounded_when_hits_take_in_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hits that add no bytes do not move the last-capacity window on; the tally keeps at
+    most ``RECENT`` of them, the counts matching what it keeps."""
+    monkeypatch.setattr(scan_guard, "RECENT", 8)
+    guard = scan_guard.ScanGuard()
+    node = Node(1, None, np.arange(4), 4)
+    for i in range(50):
+        node.hits += 1
+        guard.refresh(node, 1000, float(i))
+    assert len(guard._recent) == 8
+    assert sum(guard._recent_hits) == 8

@@ -54,6 +54,8 @@ from hybrid_connector.tree.radix import Node
 GhostKey = tuple[int, int]
 SWEEP = 16  # idle proven leaves are looked for at most every 1/SWEEP capacity of intake
 IDLE = 1.0  # ... and turn unproven after IDLE capacities of intake without an access
+RECENT = 1 << 17  # hits remembered for the last capacity's tally (hits that take in no
+# bytes do not move the window on: this bounds it; ~11 MB at most)
 
 
 class Ghost(NamedTuple):
@@ -208,6 +210,8 @@ class ScanGuard:
                 self.unproven_hits += 1
             self._recent.append((self.taken_in, proven))
             self._recent_hits[proven] += 1
+            if len(self._recent) > RECENT:
+                self._recent_hits[self._recent.popleft()[1]] -= 1
             self._recent_losing()  # drops the hits older than a capacity
         self.capacity = max(self.capacity, total_bytes)
         if node.hits > 0 and node.id not in self.proven and self._admit(

@@ -26,7 +26,10 @@ ratio to the no-connector run of the same invocation. Time is the engine-core th
 is frozen before each run as vLLM's ``EngineCore`` freezes it once started
 (``freeze_gc_heap``), so garbage collection scans what the run allocates; the connectors'
 own threads (HybridConnector's tier I/O) are not on it either. ``--repeat`` rounds run the connectors
-in turn and each one's run with the lowest mean is kept (a busy machine only adds time).
+in turn and each one's run with the lowest mean is kept (a busy machine only adds time);
+each HybridConnector run is also divided by the OffloadingConnector run of its own round
+(``paired_vs_offloading``: median and range over the rounds), which a slow spell of the
+machine that lasts a round cannot skew.
 ``--profile`` prints cProfile's top functions for HybridConnector's scheduler side;
 ``--trace`` a digest of its decisions (``DecisionTrace``: equal digests, same decisions).
 ``--ops`` runs each connector once more counting the Python opcodes its scheduler side
@@ -50,6 +53,7 @@ import io
 import json
 import os
 import pstats
+import statistics
 import sys
 import tempfile
 import time
@@ -288,6 +292,18 @@ def count_ops(envs: dict[str, tuple[Any, Any]], reqs: list[tuple[list[int], int]
                   f"{by[name]['ops_per_step'] / by['offloading']['ops_per_step']:.2f}x")
 
 
+def paired(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]
+           ) -> dict[str, dict[str, float]]:
+    """Ratios of runs made side by side in the same round (a slow spell of a shared
+    machine hits both): median, min and max over the rounds, for mean, p50 and p99."""
+    out: dict[str, dict[str, float]] = {}
+    for k in ("mean", "p50", "p99"):
+        r = [a[f"{k}_ms"] / b[f"{k}_ms"] for a, b in zip(ours, theirs, strict=True)]
+        out[k] = {"median": round(statistics.median(r), 3), "min": round(min(r), 3),
+                  "max": round(max(r), 3)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a shorter trace (a smoke test)")
@@ -315,9 +331,11 @@ def main() -> None:
     reqs = trace(args.quick)
     names = [n for n in CONNECTORS if not args.only or n in args.only or n == "none"]
     best: dict[str, dict[str, Any]] = {}
+    rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.repeat):  # rounds interleave the connectors: load spikes hit all alike
         for name in names:
             row = run(name, *envs[name], reqs, args.concurrency, cpu=not args.wall)
+            rounds[name].append(row)
             if name not in best or row["mean_ms"] < best[name]["mean_ms"]:
                 best[name] = row
     rows = [best[n] for n in names]
@@ -340,6 +358,11 @@ def main() -> None:
             a, b = by[name], by["offloading"]
             print(f"{LABELS[name]} vs OffloadingConnector: mean {a['mean_ms'] / b['mean_ms']:.2f}x, "
                   f"p50 {a['p50_ms'] / b['p50_ms']:.2f}x, p99 {a['p99_ms'] / b['p99_ms']:.2f}x")
+            a["paired_vs_offloading"] = paired(rounds[name], rounds["offloading"])
+            print("  per round, each run against the OffloadingConnector run beside it: "
+                  + ", ".join(f"{k} {v['median']:.2f}x (range {v['min']:.2f}-{v['max']:.2f}x)"
+                              for k, v in a["paired_vs_offloading"].items())
+                  + f" over {args.repeat} rounds")
     for name in HYBRID:
         if name in by:
             print(f"tokens {LABELS[name]} loaded: {by[name]['connector_hit_tokens']} (the rest of "

@@ -31,8 +31,9 @@ GPU_IMPORTS = ("torch", "transformers", "triton", "numpy", "yaml", "aiofiles", "
                "sortedcontainers", "uvloop", "prometheus_client", "tqdm", "matplotlib")
 PROJECT = {"hybrid-connector"}
 # Loaded here only because they are installed here: pytest loads every installed plugin
-# (hypothesis); transformers imports psutil and sentencepiece only when they are available.
-INCIDENTAL = {"hypothesis", "psutil", "sentencepiece"}
+# (hypothesis; platformdirs >= 4.14 ships one); transformers imports psutil and sentencepiece
+# only when they are available.
+INCIDENTAL = {"hypothesis", "platformdirs", "psutil", "sentencepiece"}
 
 
 def _norm(name: str) -> str:

@@ -166,7 +166,10 @@ def pack_torch(a: PackArgs) -> None:
     assert a.out.scale is not None
     x = rows.to(torch.float32)
     amax = x.abs().amax(dim=1) if x.numel() else torch.zeros(x.shape[0], device=x.device)
-    scale = torch.where(amax > 0, amax / _dtypes.E4M3_MAX, torch.ones_like(amax))
+    # A tensor divisor, not a Python float: CUDA torch turns division by a CPU scalar into a
+    # multiply by its reciprocal, an ulp off the correctly rounded quotient the kernel takes.
+    limit = torch.full_like(amax, _dtypes.E4M3_MAX)
+    scale = torch.where(amax > 0, amax / limit, torch.ones_like(amax))
     a.out.scale.copy_(scale)
     q = (x * torch.reciprocal(scale).unsqueeze(1)).clamp_(-_dtypes.E4M3_MAX, _dtypes.E4M3_MAX)
     out.copy_(q)

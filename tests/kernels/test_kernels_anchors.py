@@ -79,6 +79,28 @@ def test_fp8_round_trip_tolerance() -> None:
     assert torch.equal(back[pos[0]], torch.tensor(want[0], dtype=torch.float32))
 
 
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_scale_is_the_correctly_rounded_quotient(device: str) -> None:
+    """scale = amax / 448 rounded once, on every device and backend. On CUDA, torch's
+    division by a Python float is a multiply by its reciprocal, which is an ulp off for
+    these rows (the H200 run saw the kernels and the torch path disagree on it)."""
+    amax = torch.rand(4096, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 1000
+    amax = amax.to(torch.float32)
+    via_reciprocal = amax * torch.tensor(1 / 448, dtype=torch.float32)
+    want = (amax.double() / 448).to(torch.float32)
+    rows = torch.nonzero(via_reciprocal != want).flatten()[:64]
+    assert rows.numel() > 0  # the rows this test is about exist
+    h = torch.zeros(rows.numel(), 8, dtype=torch.float32)
+    h[:, 3] = -amax[rows]  # amax of |row|, one sign flipped
+    h = h.to(device)
+    packed = kernels.pack_anchors(h, list(range(rows.numel())), dtype=torch.float8_e4m3fn)
+    assert packed.scale is not None
+    assert torch.equal(packed.scale.cpu(), want[rows])
+
+
 @pytest.mark.parametrize("dst_dtype", FLOATS)
 def test_unpack_matches_loop_reference(dst_dtype: torch.dtype) -> None:
     rng = random.Random(7)

@@ -49,6 +49,7 @@ from hf_bench_util import (  # noqa: E402
     failures,
     fs_type,
     prefill_ttft,
+    profile_posts,
     rel_err,
     report,
     timed,
@@ -205,6 +206,8 @@ class Bench:
             t_comp, _ = timed(dev, lambda: rt._run(ids[p:], hit.mc, p))
             load_bytes = sum(t.numel() * t.element_size() for t in hit.staged.device.values())
             t_k = min(timed(dev, lambda: lw.posts_only(hit))[0] for _ in range(3))
+            if self.args.profile_posts:
+                profile_posts(dev, lambda: lw.posts_only(hit), self.args.profile_posts)
             copy_bw = copy_bandwidth(dev, load_bytes)
             hit.release()
             # overlapped: the suffix's prefill while the hit loads
@@ -340,6 +343,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--nvme-dir", default=None, help="where the NVMe tier's files go (default $TMPDIR)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp/hc_gpu"), "hf_ttft.json"))
+    ap.add_argument("--profile-posts", type=int, default=0, metavar="N",
+                    help="print the N costliest host functions and device kernels of the kernels' moves")
     ap.add_argument("--check-presets", nargs="*", default=[],
                     help="also build these presets on the meta device and check their geometry")
     ap.add_argument("--cpu-dry-run", action="store_true",

@@ -30,6 +30,32 @@ def timed(dev: torch.device, fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def profile_posts(dev: torch.device, fn: Callable[[], Any], top: int) -> None:
+    """Print where ``fn`` (the kernels' moves of one load) spends its time: the ``top``
+    host functions by own time (cProfile) and device kernels by total time (torch.profiler)."""
+    import cProfile  # noqa: PLC0415 - diagnostics only
+    import io  # noqa: PLC0415
+    import pstats  # noqa: PLC0415
+
+    sync(dev)
+    prof = cProfile.Profile()
+    prof.enable()
+    fn()
+    sync(dev)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    print("posts, host functions by own time:\n" + text.getvalue())
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=acts) as tp:
+        fn()
+        sync(dev)
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    print("posts, torch.profiler:\n" + tp.key_averages().table(sort_by=key, row_limit=top))
+
+
 def prefill_ttft(rt: HFRuntime, prompt: list[int], dev: torch.device) -> tuple[float, Any]:
     """``rt.prefill(prompt)`` and its TTFT: from the call to the last logits computed on the
     device (the saves ``prefill`` makes after them are an engine's background work)."""

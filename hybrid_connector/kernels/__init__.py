@@ -8,8 +8,9 @@ both round the same float32 values with the same rule (tested on CPU against the
 kernels' own conversion code). Every function validates its inputs first and raises
 ``ValueError`` naming the bad argument before writing anything.
 
-Index arguments (positions, block ids, slots) may be sequences of ints or integer
-tensors; host-side indices avoid a device synchronisation for the checks. CUDA work
+Index arguments (positions, block ids, slots) may be sequences of ints, integer
+tensors (host-side ones avoid a device synchronisation for the checks) or a
+``CheckedIndex``, validated and uploaded once for moves that repeat. CUDA work
 is enqueued on torch's current stream of the tensors' device, so it is ordered with
 the caller's other work on that stream (run it under ``torch.cuda.stream(s)`` to use
 a copy stream).
@@ -27,10 +28,12 @@ from . import anchors, paged_kv, state_pages
 from ._checks import IndexLike
 from ._launch import Launcher, cuda_launcher
 from .anchors import PackedAnchors
+from .checked_index import CheckedIndex
 from .paged_kv import buffer_shape as kv_buffer_shape
 from .paged_kv import layout_for_backend
 
 __all__ = [
+    "CheckedIndex",
     "PackedAnchors",
     "backend_name",
     "copy_state_pages",

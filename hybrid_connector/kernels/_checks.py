@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-IndexLike = Sequence[int] | torch.Tensor
+from .checked_index import CheckedIndex
+
+IndexLike = Sequence[int] | torch.Tensor | CheckedIndex
 
 #: dtypes that can hold model activations, KV and recurrent state.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -31,8 +33,16 @@ def index_tensor(
     copied to the host for the checks, which synchronises: pass host indices on
     hot paths). Raises ``ValueError`` when an index is outside ``[0, upper)``, the
     tensor is not 1-D or not integral, or ``unique`` and an index repeats (a
-    scatter with repeated targets has no defined result on a GPU).
+    scatter with repeated targets has no defined result on a GPU). A
+    :class:`CheckedIndex` was checked when built: only its stored bounds are compared,
+    and its copy on ``device`` is returned (no host work, no synchronisation).
     """
+    if isinstance(ids, CheckedIndex):
+        if ids.numel() and ids.hi >= upper:
+            raise ValueError(f"{name} holds {ids.hi}, outside the valid range [0, {upper})")
+        if unique and not ids.unique:
+            raise ValueError(f"{name} holds repeated indices; each target must appear once")
+        return ids.on(device)
     if isinstance(ids, torch.Tensor):
         if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
             raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")

@@ -21,6 +21,7 @@ read. Shapes are checked by the kernels (ValueError naming the argument).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -35,13 +36,31 @@ def _kv_rows(heads: int, seq: int, start: int, n: int) -> torch.Tensor:
     return (t + h).reshape(-1)
 
 
+@functools.lru_cache(maxsize=32)
+def _kv_base(heads: int, seq: int, n: int, device: torch.device) -> kernels.CheckedIndex:
+    return kernels.CheckedIndex.of(_kv_rows(heads, seq, 0, n), device)
+
+
+def _kv_index(heads: int, seq: int, start: int, n: int, device: torch.device) -> kernels.CheckedIndex:
+    """The rows of ``_kv_rows``, checked once per shape and shifted on the device: a restore
+    moves every part of every chunk, and per-call index checks cost ~100x the kernel."""
+    if start < 0 or start + n > seq:
+        raise ValueError(f"tokens [{start}, {start + n}) do not fit a cache of {seq} positions")
+    return _kv_base(heads, seq, n, device).shifted(start)
+
+
+@functools.lru_cache(maxsize=32)
+def _identity(n: int, device: torch.device) -> kernels.CheckedIndex:
+    return kernels.CheckedIndex.of(torch.arange(n, dtype=torch.int64), device)
+
+
 def gather_kv(cache: torch.Tensor, start: int, out: torch.Tensor) -> None:
     """``out[t] = cache[0, :, start + t]`` for ``out`` ``[n, heads, head_dim]`` (contiguous,
     the cache's dtype) and ``cache`` ``[1, heads, seq, head_dim]``."""
     n, heads, dim = out.shape
     seq = int(cache.shape[2])
     rows = cache[0].reshape(heads * seq, dim)
-    kernels.pack_anchors(rows, _kv_rows(heads, seq, start, n), out=out.view(n * heads, dim))
+    kernels.pack_anchors(rows, _kv_index(heads, seq, start, n, cache.device), out=out.view(n * heads, dim))
 
 
 def scatter_kv(part: torch.Tensor, dst: torch.Tensor, start: int) -> None:
@@ -50,7 +69,7 @@ def scatter_kv(part: torch.Tensor, dst: torch.Tensor, start: int) -> None:
     m, heads, dim = part.shape
     seq = int(dst.shape[2])
     kernels.unpack_anchors(part.contiguous().view(m * heads, dim), dst[0].view(heads * seq, dim),
-                           _kv_rows(heads, seq, start, m))
+                           _kv_index(heads, seq, start, m, dst.device))
 
 
 def gather_conv(conv: torch.Tensor, out: torch.Tensor) -> None:
@@ -58,7 +77,7 @@ def gather_conv(conv: torch.Tensor, out: torch.Tensor) -> None:
     ``[*channels, kernel - 1]`` (contiguous, the conv's dtype)."""
     kernel = int(conv.shape[-1])
     rows = conv[0].reshape(-1, kernel)[:, 1:]
-    kernels.pack_anchors(rows, torch.arange(rows.shape[0]), out=out.view(-1, kernel - 1))
+    kernels.pack_anchors(rows, _identity(int(rows.shape[0]), conv.device), out=out.view(-1, kernel - 1))
 
 
 def scatter_conv(conv: torch.Tensor, dst: torch.Tensor) -> None:
@@ -75,7 +94,7 @@ def scatter_conv(conv: torch.Tensor, dst: torch.Tensor) -> None:
     elif width != kernel:
         raise ValueError(f"conv state is {width} wide, the cache's kernel is {kernel}")
     data = conv.contiguous().view(-1, width)
-    kernels.unpack_anchors(data, rows, torch.arange(data.shape[0]))
+    kernels.unpack_anchors(data, rows, _identity(int(data.shape[0]), dst.device))
 
 
 def copy_states(src: Sequence[torch.Tensor], dst: Sequence[torch.Tensor]) -> None:

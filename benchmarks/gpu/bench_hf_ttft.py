@@ -208,6 +208,11 @@ class Bench:
             t_k = min(timed(dev, lambda: lw.posts_only(hit))[0] for _ in range(3))
             if self.args.profile_posts:
                 profile_posts(dev, lambda: lw.posts_only(hit), self.args.profile_posts)
+                hit.release()
+                self._cold(tier)
+                box: list[Any] = []
+                profile_posts(dev, lambda: box.append(load_all()), self.args.profile_posts, "load")
+                hit = box[0]
             copy_bw = copy_bandwidth(dev, load_bytes)
             hit.release()
             # overlapped: the suffix's prefill while the hit loads

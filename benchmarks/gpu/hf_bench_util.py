@@ -30,9 +30,10 @@ def timed(dev: torch.device, fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def profile_posts(dev: torch.device, fn: Callable[[], Any], top: int) -> None:
-    """Print where ``fn`` (the kernels' moves of one load) spends its time: the ``top``
-    host functions by own time (cProfile) and device kernels by total time (torch.profiler)."""
+def profile_posts(dev: torch.device, fn: Callable[[], Any], top: int, what: str = "posts") -> None:
+    """Print where ``fn`` (``what``: e.g. the kernels' moves of one load) spends its time: the
+    ``top`` host functions by own time (cProfile) and device kernels by total time
+    (torch.profiler)."""
     import cProfile  # noqa: PLC0415 - diagnostics only
     import io  # noqa: PLC0415
     import pstats  # noqa: PLC0415
@@ -45,7 +46,7 @@ def profile_posts(dev: torch.device, fn: Callable[[], Any], top: int) -> None:
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
-    print("posts, host functions by own time:\n" + text.getvalue())
+    print(f"{what}, host functions by own time:\n" + text.getvalue())
     acts = [torch.profiler.ProfilerActivity.CPU]
     if dev.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -53,7 +54,7 @@ def profile_posts(dev: torch.device, fn: Callable[[], Any], top: int) -> None:
         fn()
         sync(dev)
     key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
-    print("posts, torch.profiler:\n" + tp.key_averages().table(sort_by=key, row_limit=top))
+    print(f"{what}, torch.profiler:\n" + tp.key_averages().table(sort_by=key, row_limit=top))
 
 
 def prefill_ttft(rt: HFRuntime, prompt: list[int], dev: torch.device) -> tuple[float, Any]:

@@ -6,6 +6,7 @@ the report and plot are written."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -58,6 +59,12 @@ def test_every_peer_runs_in_vllms_scheduler_and_its_hits_are_vllms_and_checked(t
         assert t["mean_ms"] == pytest.approx(t["compute_ms"] + t["load_ms"] + m["overhead_ms"])
         assert t["compute_ms"] > 0 and (t["load_ms"] > 0) == (r["loaded_bytes"] > 0), name
         assert "per_request" not in r
+    # the work files keep each request's (prompt, hit, external) tokens
+    kept = [json.loads(x) for x in (tmp_path / "rows-multiround_qa.jsonl").read_text().splitlines()]
+    for k in kept:
+        per = k["per_request"]
+        assert len(per) == k["requests"] and sum(h for _, h, _ in per) == k["hit_tokens"]
+        assert sum(e for _, _, e in per) == k["external_hit_tokens"]
     host = [rows[n]["ttft_vs_best_vllm"] for n in rep.HOST_PEERS]
     assert min(host) == pytest.approx(1.0) and all(x >= 1.0 for x in host)
     assert rows["none"]["ttft_vs_best_vllm"] is None

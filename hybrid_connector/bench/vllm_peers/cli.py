@@ -55,7 +55,8 @@ def add_parser(bsub: Any) -> None:
     c.add_argument("--multiples", help="comma-separated host budgets as multiples of the "
                                        "working set (default 0.25,0.5,1,2,4)")
     c.add_argument("--work", help="directory for the model config and each run's rows as they "
-                                  "finish (default: a new temporary directory)")
+                                  "finish, with every request's prompt, hit and external hit "
+                                  "tokens (rows-TRACE.jsonl; default: a new temporary directory)")
     c.add_argument("--jobs", type=int, default=1, help="traces run at once, one process each")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=run)

@@ -183,12 +183,14 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
             if disk is not None:
                 r["disk_budget"] = disk
                 r["disk_budget_from"] = "offload-fs" if fs_held else "every block of the trace"
+            per = r.pop("per_request")  # (prompt, hit, external) tokens per request
             r.update(trace=tname, multiple=m if name != "none" else None,
-                     ttft=model.summary(r.pop("per_request"), r["loaded_bytes"],
+                     ttft=model.summary(per, r["loaded_bytes"],
                                         disk_bytes=r.get("disk_loaded_bytes", 0)))
             rows.append(r)
-            with (root / f"rows-{tname}.jsonl").open("a") as f:  # a partial sweep is kept
-                f.write(json.dumps(r, default=str) + "\n")
+            # a partial sweep is kept; the work files also keep each request's hit
+            with (root / f"rows-{tname}.jsonl").open("a") as f:
+                f.write(json.dumps({**r, "per_request": per}, default=str) + "\n")
             if progress:
                 what = "any budget" if name == "none" else f"{m:g}x"
                 print(f"  {tname:15s} {what:>10s} {st.LABELS[name]:28s} hit rate "

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .checked_index import CheckedIndex
+from .checked_index import CheckedIndex, host_index, is_unique
 
 IndexLike = Sequence[int] | torch.Tensor | CheckedIndex
 
@@ -43,26 +43,13 @@ def index_tensor(
         if unique and not ids.unique:
             raise ValueError(f"{name} holds repeated indices; each target must appear once")
         return ids.on(device)
-    if isinstance(ids, torch.Tensor):
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-            raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
-        if ids.dim() != 1:
-            raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
-        host = ids.detach().to("cpu", torch.int64)
-    else:
-        try:
-            host = torch.as_tensor(list(ids), dtype=torch.int64)
-        except (TypeError, ValueError, RuntimeError) as exc:
-            raise ValueError(f"{name} must be a sequence of ints: {exc}") from None
-        if host.dim() != 1:
-            raise ValueError(f"{name} must be a flat sequence of ints")
+    host = host_index(ids, name)
     if host.numel():
         lo, hi = int(host.min()), int(host.max())
         if lo < 0 or hi >= upper:
             bad = lo if lo < 0 else hi
             raise ValueError(f"{name} holds {bad}, outside the valid range [0, {upper})")
-        # strictly increasing (the usual case) proves uniqueness without a sort
-        if unique and not bool((host[1:] > host[:-1]).all()) and torch.unique(host).numel() != host.numel():
+        if unique and not is_unique(host):
             raise ValueError(f"{name} holds repeated indices; each target must appear once")
     return to_device(host, device)
 

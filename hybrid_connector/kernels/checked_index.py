@@ -41,25 +41,14 @@ class CheckedIndex:
         """Validate ``ids`` (ints, or an integer tensor on any device) and upload them.
 
         Raises ``ValueError`` for a negative value, a non-integer or non-1-D input."""
-        dev = torch.device(device)
-        if isinstance(ids, torch.Tensor):
-            if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex() or ids.dim() != 1:
-                raise ValueError(f"an index must be a 1-D integer tensor, got {ids.dtype} {tuple(ids.shape)}")
-            host = ids.detach().to("cpu", torch.int64, copy=True)
-        else:
-            try:
-                host = torch.as_tensor(list(ids), dtype=torch.int64)
-            except (TypeError, ValueError, RuntimeError) as exc:
-                raise ValueError(f"an index must be a sequence of ints: {exc}") from None
-            if host.dim() != 1:
-                raise ValueError("an index must be a flat sequence of ints")
+        host = host_index(ids, "an index", copy=True)
         lo, hi, unique = 0, -1, True
         if host.numel():
             lo, hi = int(host.min()), int(host.max())
             if lo < 0:
                 raise ValueError(f"an index holds {lo}, below 0")
-            unique = bool((host[1:] > host[:-1]).all()) or torch.unique(host).numel() == host.numel()
-        return cls._upload(host, dev, lo, hi, unique)
+            unique = is_unique(host)
+        return cls._upload(host, torch.device(device), lo, hi, unique)
 
     @classmethod
     def _upload(cls, host: torch.Tensor, dev: torch.device, lo: int, hi: int, unique: bool) -> CheckedIndex:
@@ -106,3 +95,28 @@ class CheckedIndex:
             stream.wait_event(self.ready)
             self.device_tensor.record_stream(stream)
         return self.device_tensor
+
+
+def host_index(ids: Sequence[int] | torch.Tensor, name: str, *, copy: bool = False) -> torch.Tensor:
+    """``ids`` as a 1-D int64 host tensor (``copy``: never a view of a caller's tensor).
+    Raises ``ValueError`` naming ``name`` for a non-integer or non-1-D input. A CUDA
+    tensor is copied to the host, which synchronises."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
+            raise ValueError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
+        if ids.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {tuple(ids.shape)}")
+        return ids.detach().to("cpu", torch.int64, copy=copy)
+    try:
+        host = torch.as_tensor(list(ids), dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{name} must be a sequence of ints: {exc}") from None
+    if host.dim() != 1:
+        raise ValueError(f"{name} must be a flat sequence of ints")
+    return host
+
+
+def is_unique(host: torch.Tensor) -> bool:
+    """No value of the 1-D host tensor repeats. Strictly increasing (the usual case) proves
+    it without a sort."""
+    return bool((host[1:] > host[:-1]).all()) or torch.unique(host).numel() == host.numel()

@@ -67,8 +67,9 @@ class CheckedIndex:
         return int(self.host.numel())
 
     def shifted(self, k: int) -> CheckedIndex:
-        """The same index plus ``k`` (still unique if this one is). On CUDA the addition runs
-        on the current stream, after this index's upload; no host work beyond the launch."""
+        """The same index plus ``k`` (still unique if this one is): one addition on the host
+        copy and, on CUDA, one on the current stream after this index's upload; no checks,
+        no sort, no transfer."""
         if self.lo + k < 0 and self.numel():
             raise ValueError(f"shifting by {k} makes the index negative ({self.lo + k})")
         host = self.host + k

@@ -106,25 +106,26 @@ class LayerwiseLoader:
         return fetch
 
     # -------------------------------------------------------------- the hit
-    def prepare_cache(self, plan: LoadPlan) -> tuple[Any, list[torch.Tensor]]:
+    def prepare_cache(self, plan: LoadPlan) -> tuple[Any, list[torch.Tensor], torch.Tensor | None]:
         """A model cache shaped for a hit of ``plan.num_tokens`` (KV buffers allocated, states
-        initialised), and the K/V tensors it holds (the scatter destinations, K then V per
-        attention layer)."""
+        initialised), the K/V tensors it holds (the scatter destinations, K then V per
+        attention layer) and, when they are views of one allocation, that allocation
+        (``hf_pack.kv_buffers``: a whole chunk then lands in one kernel call)."""
         rt, p = self.rt, plan.num_tokens
         ad = rt.adapter
         mc = new_model_cache(rt.model)
-        dests: list[torch.Tensor] = []
-        for a in ad.attention:
-            k = torch.empty((1, a.kv_heads, p, a.head_dim), dtype=a.dtype, device=self.device)
-            v = torch.empty((1, a.kv_heads, p, a.v_dim), dtype=a.dtype, device=self.device)
-            mc.layers[a.layer].update(k, v)
-            dests += [mc.layers[a.layer].keys, mc.layers[a.layer].values]
+        dests, joint = hf_pack.kv_buffers([(a.kv_heads, dim, a.dtype) for a in ad.attention
+                                           for dim in (a.head_dim, a.v_dim)], p, self.device)
+        for j, a in enumerate(ad.attention):
+            layer = mc.layers[a.layer]
+            layer.update(dests[2 * j], dests[2 * j + 1])  # initialises the layer (a copy) ...
+            layer.keys, layer.values = dests[2 * j], dests[2 * j + 1]  # ... the scatters' targets
         zero = ad.state_layout.empty(self.device).zero_()
         ad.set_states(mc, ad.unpack_state(zero))
-        return mc, dests
+        return mc, dests, joint
 
-    def _transfers(self, plan: LoadPlan, mc: Any, dests: list[torch.Tensor], st: Staged
-                   ) -> list[LayerTransfer]:
+    def _transfers(self, plan: LoadPlan, mc: Any, dests: list[torch.Tensor],
+                   joint: torch.Tensor | None, st: Staged) -> list[LayerTransfer]:
         ad, p = self.rt.adapter, plan.num_tokens
         out: list[LayerTransfer] = []
         assert plan.state is not None
@@ -138,9 +139,7 @@ class LayerwiseLoader:
 
                 def post(landed: torch.Tensor, s: int = s, e: int = e) -> None:
                     parts = kv_layout(ad.geometry, e - s).unpack(landed)
-                    m = min(e, p) - s
-                    for part, dst in zip(parts.values(), dests, strict=True):
-                        hf_pack.scatter_kv(part[:m], dst, s)
+                    hf_pack.scatter_kv_chunk(list(parts.values()), dests, joint, s, min(e, p) - s)
             if self.file_tier:
                 out.append(LayerTransfer(name, dst=st.device[name],
                                          fetch=self._read(o, st.bounce[name]), post=post))
@@ -161,8 +160,8 @@ class LayerwiseLoader:
             raise RuntimeError("the plan went stale before it was leased")
         s.hit = plan.num_tokens
         st = self._buffers(plan)
-        mc, dests = self.prepare_cache(plan)
-        transfers = self._transfers(plan, mc, dests, st)
+        mc, dests, joint = self.prepare_cache(plan)
+        transfers = self._transfers(plan, mc, dests, joint, st)
         job = self.engine.submit_layers(transfers)
         return Hit(s, mc, job, [t.name for t in transfers], transfers, st)
 

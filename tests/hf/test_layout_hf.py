@@ -133,7 +133,8 @@ def test_production_path_runs_the_kernels() -> None:
     assert rb.info.hit_tokens == 40 and rb.info.exact
     assert {("pack_anchors", "gather_kv"), ("pack_anchors", "gather_conv"),
             ("pack_anchors", "hook"), ("copy_state_pages", "copy_states")} <= set(saving)
-    assert {("unpack_anchors", "scatter_kv"), ("unpack_anchors", "scatter_conv"),
+    # whole KV chunks in one call each (scatter_kv_chunk), conv rows, states as pages
+    assert {("unpack_anchors", "scatter_kv_chunk"), ("unpack_anchors", "scatter_conv"),
             ("copy_state_pages", "copy_states")} <= set(restoring)
     rt.close()
 

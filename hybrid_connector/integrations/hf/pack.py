@@ -72,6 +72,54 @@ def scatter_kv(part: torch.Tensor, dst: torch.Tensor, start: int) -> None:
                            _kv_index(heads, seq, start, m, dst.device))
 
 
+@functools.lru_cache(maxsize=32)
+def _chunk_base(parts: int, heads: int, seq: int, n: int, device: torch.device) -> kernels.CheckedIndex:
+    """Rows of a whole chunk in a joint ``[parts, 1, heads, seq, dim]`` buffer, in payload
+    order (part, token, head): ``p * heads * seq + h * seq + t``."""
+    rows = _kv_rows(heads, seq, 0, n).view(n, heads)
+    base = torch.arange(parts, dtype=torch.int64).view(parts, 1, 1) * (heads * seq)
+    return kernels.CheckedIndex.of((base + rows.unsqueeze(0)).reshape(-1), device)
+
+
+def kv_buffers(shapes: Sequence[tuple[int, int, torch.dtype]], num_tokens: int,
+               device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """Cache tensors ``[1, heads, num_tokens, dim]``, one per ``(heads, dim, dtype)`` of
+    ``shapes`` (K then V per attention layer, as a KV chunk's parts). When all are alike
+    they are views of one ``[len(shapes), 1, heads, num_tokens, dim]`` allocation, returned
+    second: :func:`scatter_kv_chunk` then moves a whole chunk in one kernel call."""
+    if shapes and len(set(shapes)) == 1:
+        heads, dim, dtype = shapes[0]
+        joint = torch.empty((len(shapes), 1, heads, num_tokens, dim), dtype=dtype, device=device)
+        return list(joint.unbind(0)), joint
+    return [torch.empty((1, h, num_tokens, d), dtype=t, device=device) for h, d, t in shapes], None
+
+
+def scatter_kv_chunk(parts: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor],
+                     joint: torch.Tensor | None, start: int, m: int) -> None:
+    """``bufs[j][0, :, start + t] = parts[j][t]`` for ``t < m``: a KV chunk's parts
+    (``[n, heads, dim]`` each) into the cache tensors of :func:`kv_buffers`. One kernel
+    call for the whole chunk when ``joint`` holds the buffers, ``m`` is the chunk's length
+    and the parts lie one after another in one payload (as ``PayloadLayout.unpack`` gives
+    them); one per part otherwise (the hit's last, cut chunk)."""
+    first = parts[0] if parts else None
+    if (joint is not None and first is not None and m == first.shape[0]
+            and len(parts) == joint.shape[0] and first.dtype == joint.dtype
+            and all(p.is_contiguous() and p.shape == first.shape and p.dtype == first.dtype
+                    and p.data_ptr() == first.data_ptr() + j * first.nbytes
+                    for j, p in enumerate(parts))):
+        n, heads, dim = first.shape
+        seq = int(joint.shape[3])
+        if start < 0 or start + n > seq:
+            raise ValueError(f"tokens [{start}, {start + n}) do not fit a cache of {seq} positions")
+        rows = torch.as_strided(first, (len(parts) * n * heads, dim), (dim, 1),
+                                first.storage_offset())
+        idx = _chunk_base(len(parts), heads, seq, n, joint.device).shifted(start)
+        kernels.unpack_anchors(rows, joint.view(-1, dim), idx)
+        return
+    for part, buf in zip(parts, bufs, strict=True):
+        scatter_kv(part[:m], buf, start)
+
+
 def gather_conv(conv: torch.Tensor, out: torch.Tensor) -> None:
     """The last ``kernel - 1`` columns of ``conv`` ``[1, *channels, kernel]`` into ``out``
     ``[*channels, kernel - 1]`` (contiguous, the conv's dtype)."""

@@ -334,16 +334,14 @@ class HFStateAdapter:
         cache = new_model_cache(self.model)
         device = next(self.model.parameters()).device
         if self.attention and num_tokens > 0:
-            bufs = [torch.empty((1, a.kv_heads, num_tokens, dim), dtype=a.dtype, device=device)
-                    for a in self.attention for dim in (a.head_dim, a.v_dim)]
+            bufs, joint = hf_pack.kv_buffers([(a.kv_heads, dim, a.dtype) for a in self.attention
+                                              for dim in (a.head_dim, a.v_dim)], num_tokens, device)
             pos = 0
             for payload, (s, e) in zip(kv_payloads, kv_ranges, strict=True):
                 if s != pos:
                     raise ValueError(f"restore: KV chunks are not contiguous at {pos} (got [{s}, {e}))")
                 parts = kv_layout(self.geometry, e - s).unpack(payload.to(device))
-                m = min(e, num_tokens) - s
-                for part, buf in zip(parts.values(), bufs, strict=True):
-                    hf_pack.scatter_kv(part[:m], buf, s)
+                hf_pack.scatter_kv_chunk(list(parts.values()), bufs, joint, s, min(e, num_tokens) - s)
                 pos = e
                 if pos >= num_tokens:
                     break

@@ -29,24 +29,25 @@ import torch
 from hybrid_connector import kernels
 
 
-def _kv_rows(heads: int, seq: int, start: int, n: int) -> torch.Tensor:
-    """Cache row of part row ``t * heads + h``: ``h * seq + start + t`` (host int64)."""
-    t = torch.arange(start, start + n, dtype=torch.int64).unsqueeze(1)
-    h = torch.arange(heads, dtype=torch.int64).unsqueeze(0) * seq
-    return (t + h).reshape(-1)
-
-
 @functools.lru_cache(maxsize=32)
-def _kv_base(heads: int, seq: int, n: int, device: torch.device) -> kernels.CheckedIndex:
-    return kernels.CheckedIndex.of(_kv_rows(heads, seq, 0, n), device)
+def _kv_base(parts: int, heads: int, seq: int, n: int, device: torch.device) -> kernels.CheckedIndex:
+    """Cache rows of ``parts`` consecutive KV parts of ``n`` tokens at position 0, in payload
+    order (part, token, head), in ``parts`` stacked ``[1, heads, seq, dim]`` tensors:
+    ``p * heads * seq + h * seq + t``. Checked and uploaded once per shape."""
+    t = torch.arange(n, dtype=torch.int64).view(1, n, 1)
+    h = torch.arange(heads, dtype=torch.int64).view(1, 1, heads) * seq
+    p = torch.arange(parts, dtype=torch.int64).view(parts, 1, 1) * (heads * seq)
+    return kernels.CheckedIndex.of((p + t + h).reshape(-1), device)
 
 
-def _kv_index(heads: int, seq: int, start: int, n: int, device: torch.device) -> kernels.CheckedIndex:
-    """The rows of ``_kv_rows``, checked once per shape and shifted on the device: a restore
-    moves every part of every chunk, and per-call index checks cost ~100x the kernel."""
+def _kv_index(heads: int, seq: int, start: int, n: int, device: torch.device,
+              parts: int = 1) -> kernels.CheckedIndex:
+    """The rows of ``_kv_base`` shifted to ``start`` on the device: a restore moves every
+    part of every chunk, and per-call index checks cost ~100x the kernel. Raises
+    ValueError when the tokens do not fit ``seq`` positions."""
     if start < 0 or start + n > seq:
         raise ValueError(f"tokens [{start}, {start + n}) do not fit a cache of {seq} positions")
-    return _kv_base(heads, seq, n, device).shifted(start)
+    return _kv_base(parts, heads, seq, n, device).shifted(start)
 
 
 @functools.lru_cache(maxsize=32)
@@ -70,15 +71,6 @@ def scatter_kv(part: torch.Tensor, dst: torch.Tensor, start: int) -> None:
     seq = int(dst.shape[2])
     kernels.unpack_anchors(part.contiguous().view(m * heads, dim), dst[0].view(heads * seq, dim),
                            _kv_index(heads, seq, start, m, dst.device))
-
-
-@functools.lru_cache(maxsize=32)
-def _chunk_base(parts: int, heads: int, seq: int, n: int, device: torch.device) -> kernels.CheckedIndex:
-    """Rows of a whole chunk in a joint ``[parts, 1, heads, seq, dim]`` buffer, in payload
-    order (part, token, head): ``p * heads * seq + h * seq + t``."""
-    rows = _kv_rows(heads, seq, 0, n).view(n, heads)
-    base = torch.arange(parts, dtype=torch.int64).view(parts, 1, 1) * (heads * seq)
-    return kernels.CheckedIndex.of((base + rows.unsqueeze(0)).reshape(-1), device)
 
 
 def kv_buffers(shapes: Sequence[tuple[int, int, torch.dtype]], num_tokens: int,
@@ -108,12 +100,9 @@ def scatter_kv_chunk(parts: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor]
                     and p.data_ptr() == first.data_ptr() + j * first.nbytes
                     for j, p in enumerate(parts))):
         n, heads, dim = first.shape
-        seq = int(joint.shape[3])
-        if start < 0 or start + n > seq:
-            raise ValueError(f"tokens [{start}, {start + n}) do not fit a cache of {seq} positions")
+        idx = _kv_index(heads, int(joint.shape[3]), start, n, joint.device, parts=len(parts))
         rows = torch.as_strided(first, (len(parts) * n * heads, dim), (dim, 1),
                                 first.storage_offset())
-        idx = _chunk_base(len(parts), heads, seq, n, joint.device).shifted(start)
         kernels.unpack_anchors(rows, joint.view(-1, dim), idx)
         return
     for part, buf in zip(parts, bufs, strict=True):

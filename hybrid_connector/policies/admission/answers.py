@@ -39,13 +39,16 @@ Measured arrival rates (the head-to-head's traces): chat with edits 0.83, multi-
 0.80, branching agents 0.69, Mooncake 0. Chat's first 24 arrivals are first turns (no
 answer to extend yet): a horizon of 16 keeps ``rate`` at 0.21 through them, while
 Mooncake's falls below 0.1 after 36 arrivals. Deterministic (exact token comparisons, no
-clocks), O(``records`` * ``window``) memory, O(distinct answer lengths) work per arrival.
+clocks), O(``records`` * ``window``) memory. An arrival probes only the recorded lengths
+whose last token its own tokens repeat there: one vectorised pass over a ring of the
+records' (length, last token), then the window and digest of those few (it was a dictionary
+probe per distinct recorded length, 14% of the vLLM scheduler side's opcodes at 256
+requests in flight).
 """
 
 from __future__ import annotations
 
 import hashlib
-from bisect import bisect_left, insort
 from collections import deque
 
 import numpy as np
@@ -85,10 +88,16 @@ class AnswerReuse:
         self._beta = 1.0 / survival_horizon
         self._tick = 0
         self._cap = records
-        self._fifo: deque[tuple[int, bytes]] = deque()
-        # n -> window -> (digest, refs, stored)
-        self._keys: dict[int, dict[bytes, tuple[bytes, int, bool]]] = {}
-        self._lengths: list[int] = []  # the keys of ``_keys``, ascending
+        self._fifo: deque[tuple[int, bytes, bytes]] = deque()  # (n, window, digest)
+        # n -> window -> digest -> (refs, stored): answers of one length and one window but
+        # other earlier tokens are other answers (keyed by the window alone, a later one
+        # took the first one's digest and outlived it)
+        self._keys: dict[int, dict[bytes, dict[bytes, tuple[int, bool]]]] = {}
+        # record i sits in slot i % records: its length and last token, the prefilter of
+        # ``extends_answer`` (the FIFO drops record i - records as record i comes in)
+        self._ring_n = np.zeros(records, dtype=np.int64)
+        self._ring_last = np.full(records, -1, dtype=np.int64)
+        self._recorded = 0
         self.rate = 1.0
         self.survival = 1.0
         self.arrivals = 0
@@ -127,40 +136,54 @@ class AnswerReuse:
         """Record an end at ``tokens.size`` (an answer's, or a prompt's for
         ``checkpoints.PromptGate``): ``arrived`` then counts requests that extend it."""
         n = int(tokens.size)
-        win = self._win(tokens, n)
-        by = self._keys.get(n)
-        if by is None:
-            by = self._keys[n] = {}
-            insort(self._lengths, n)
-        got = by.get(win)
-        digest, refs, was = got if got is not None else (_digest(tokens[:n]), 0, False)
-        by[win] = (digest, refs + 1, was or stored)
-        self._fifo.append((n, win))
+        win, digest = self._win(tokens, n), _digest(tokens[:n])
+        by = self._keys.setdefault(n, {}).setdefault(win, {})
+        refs, was = by.get(digest, (0, False))
+        by[digest] = (refs + 1, was or stored)
+        slot = self._recorded % self._cap
+        self._ring_n[slot] = n
+        self._ring_last[slot] = int(tokens[n - 1]) if n else -1  # token ids are >= 0
+        self._recorded += 1
+        self._fifo.append((n, win, digest))
         if len(self._fifo) > self._cap:
             self._drop(*self._fifo.popleft())
 
-    def _drop(self, n: int, win: bytes) -> None:
-        by = self._keys[n]
-        digest, refs, stored = by[win]
+    def _drop(self, n: int, win: bytes, digest: bytes) -> None:
+        wins = self._keys[n]
+        by = wins[win]
+        refs, stored = by[digest]
         if refs > 1:
-            by[win] = (digest, refs - 1, stored)
+            by[digest] = (refs - 1, stored)
             return
-        del by[win]
+        del by[digest]
         if not by:
-            del self._keys[n]
-            del self._lengths[bisect_left(self._lengths, n)]
+            del wins[win]
+            if not wins:
+                del self._keys[n]
 
     def extends_answer(self, tokens: np.ndarray) -> tuple[int, bool] | None:
         """The length and stored flag of the longest recorded answer ``tokens`` extend past
         its end; None when they extend none. No side effects."""
         size = int(tokens.size)
+        live = min(self._recorded, self._cap)
+        if not live or not size:
+            return None
+        ns = self._ring_n[:live]
+        below = ns < size  # answers ``tokens`` run past the end of
+        ns = ns[below]
+        if not ns.size:
+            return None
+        # the window's last token must match before the window and digest are compared
+        cands = set(ns[tokens[ns - 1] == self._ring_last[:live][below]].tolist())
+        if not cands:
+            return None
         raw = np.ascontiguousarray(tokens, dtype=np.int64).tobytes()  # a window: a slice of it
-        w, keys, lengths = self.window, self._keys, self._lengths
-        below = bisect_left(lengths, size)
-        for n in lengths[below - 1::-1] if below else ():  # longest first, below size
-            got = keys[n].get(raw[8 * (n - w if n > w else 0):8 * n])
-            if got is not None and got[0] == _digest(tokens[:n]):
-                return n, got[2]
+        w, keys = self.window, self._keys
+        for n in sorted(cands, reverse=True):  # longest first
+            by = keys[n].get(raw[8 * (n - w if n > w else 0):8 * n])
+            got = by.get(_digest(tokens[:n])) if by is not None else None
+            if got is not None:
+                return n, got[1]
         return None
 
     def arrived(self, tokens: np.ndarray) -> tuple[int, bool] | None:

@@ -116,10 +116,8 @@ class LayerwiseLoader:
         mc = new_model_cache(rt.model)
         dests, joint = hf_pack.kv_buffers([(a.kv_heads, dim, a.dtype) for a in ad.attention
                                            for dim in (a.head_dim, a.v_dim)], p, self.device)
-        for j, a in enumerate(ad.attention):
-            layer = mc.layers[a.layer]
-            layer.update(dests[2 * j], dests[2 * j + 1])  # initialises the layer (a copy) ...
-            layer.keys, layer.values = dests[2 * j], dests[2 * j + 1]  # ... the scatters' targets
+        for j, a in enumerate(ad.attention):  # the scatters' targets, held without a copy
+            hf_pack.adopt_kv(mc.layers[a.layer], dests[2 * j], dests[2 * j + 1])
         zero = ad.state_layout.empty(self.device).zero_()
         ad.set_states(mc, ad.unpack_state(zero))
         return mc, dests, joint

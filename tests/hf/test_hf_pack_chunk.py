@@ -67,3 +67,31 @@ def test_unlike_parts_get_separate_buffers() -> None:
     bufs, joint = hf_pack.kv_buffers([(2, 8, torch.float32), (2, 4, torch.float32)], 10,
                                      torch.device("cpu"))
     assert joint is None and [tuple(b.shape) for b in bufs] == [(1, 2, 10, 8), (1, 2, 10, 4)]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "jamba"])
+def test_the_restored_cache_holds_the_restore_buffers_without_a_copy(arch: str) -> None:
+    """``restore`` scatters into ``kv_buffers`` and hands those tensors to the cache
+    (``hf_pack.adopt_kv``). Through ``DynamicLayer.update`` they were concatenated onto
+    empty tensors: a second copy of every restored KV byte inside each hit's TTFT. The
+    cache then continues bit for bit like the one it was extracted from."""
+    import copy
+
+    from hf_support import random_tokens, runtime, tiny_model
+
+    from hybrid_connector.integrations.hf.state import new_model_cache
+
+    model = tiny_model(arch)
+    rt = runtime(model)
+    toks = torch.tensor(random_tokens(40, model.config.get_text_config().vocab_size, 5))
+    mc = new_model_cache(model)
+    rt.run_tokens(toks[:24], mc, 0)
+    twin = copy.deepcopy(mc)
+    restored = rt.adapter.restore([rt.adapter.extract_kv(mc, 0, 24)], [(0, 24)], 24,
+                                  rt.adapter.extract_state(mc))
+    held = [(restored.layers[a.layer].keys, restored.layers[a.layer].values)
+            for a in rt.adapter.attention]
+    storages = {t.untyped_storage().data_ptr() for kv in held for t in kv}
+    assert len(storages) == 1  # every K and V a view of the one ``kv_buffers`` allocation
+    assert all(restored.layers[a.layer].get_seq_length() == 24 for a in rt.adapter.attention)
+    assert torch.equal(rt.run_tokens(toks[24:], restored, 24), rt.run_tokens(toks[24:], twin, 24))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -84,6 +85,21 @@ def kv_buffers(shapes: Sequence[tuple[int, int, torch.dtype]], num_tokens: int,
         joint = torch.empty((len(shapes), 1, heads, num_tokens, dim), dtype=dtype, device=device)
         return list(joint.unbind(0)), joint
     return [torch.empty((1, h, num_tokens, d), dtype=t, device=device) for h, d, t in shapes], None
+
+
+def adopt_kv(layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Make ``keys`` / ``values`` (``[1, heads, seq, dim]``, e.g. :func:`kv_buffers`' views)
+    the contents of an empty attention layer of a transformers cache, without a copy: a
+    plain ``DynamicLayer`` holds the tensors themselves. Its ``update`` would concatenate
+    them onto empty tensors, a copy of every restored byte (and a second allocation of the
+    whole KV while it runs). Any other layer class gets them through its own ``update``."""
+    from transformers.cache_utils import DynamicLayer
+
+    if type(layer) is DynamicLayer and not layer.is_initialized:
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    else:
+        layer.update(keys, values)
 
 
 def scatter_kv_chunk(parts: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor],

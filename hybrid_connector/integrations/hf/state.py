@@ -348,7 +348,7 @@ class HFStateAdapter:
             if pos < num_tokens:
                 raise ValueError(f"restore: KV reaches {pos} tokens, need {num_tokens}")
             for j, a in enumerate(self.attention):
-                cache.layers[a.layer].update(bufs[2 * j], bufs[2 * j + 1])
+                hf_pack.adopt_kv(cache.layers[a.layer], bufs[2 * j], bufs[2 * j + 1])
         if state is not None:
             self.set_states(cache, self.unpack_state(state))
         return cache

@@ -17,6 +17,7 @@ import torch
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.core.meta import ObjectMeta
+from hybrid_connector.tiers.backend import Backend
 from hybrid_connector.tiers.ledger.ledger import TierSpec
 from hybrid_connector.tiers.slab import page_bytes
 from hybrid_connector.tiers.tier import Tier
@@ -105,6 +106,18 @@ def tier_specs(config: HybridConfig) -> list[TierSpec]:
             grains={k: page_bytes(b[k]) if slab else 1 for k in ObjectKind},
             joint=_joint(config, name)))
     return specs
+
+
+def ledger_backend(config: HybridConfig) -> Backend:
+    """A ``Backend`` over ``tier_specs(config)`` with no bytes here (the vLLM connector's
+    scheduler side: the tiers live in the workers). It asks saves for object metadata
+    (tokens, chain hashes) only when a tier outlives the workers or is shared (NVMe,
+    remote): a warm restart re-links from it, manifests announce it, a demotion carries it
+    along; a host or device copy dies with its worker, so building it there is waste."""
+    specs = tier_specs(config)
+    backend = Backend(specs)
+    backend.keeps_meta = any(t.slow or t.shared for t in specs)
+    return backend
 
 
 def zstd_kinds(config: HybridConfig) -> dict[ObjectKind, int]:

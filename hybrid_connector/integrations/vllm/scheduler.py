@@ -58,8 +58,7 @@ from hybrid_connector.integrations.vllm.stats import Counters, hit_sources
 from hybrid_connector.runtime.progress import RequestProgress
 from hybrid_connector.runtime.ranks import RankGather
 from hybrid_connector.runtime.session import cut_chunks
-from hybrid_connector.tiers.backend import Backend
-from hybrid_connector.tiers.configured import shared_view, tier_specs
+from hybrid_connector.tiers.configured import ledger_backend, shared_view
 
 BlockIds = tuple[tuple[int, ...], ...]
 
@@ -97,7 +96,7 @@ class SchedulerSide:
         self.hash_block = hash_block_size
         # recurrent hits land on saved states (block boundaries or an exact tail): any position
         self.hit_align = 1 if groups.recurrent else self.bs
-        self.index: CacheIndex = assemble.index(config, geometry, Backend(tier_specs(config)),
+        self.index: CacheIndex = assemble.index(config, geometry, ledger_backend(config),
                                                 layout=dict(layout))
         self.gather = RankGather(self.index, world_size)
         self.index.shared_view = shared_view(config)  # type: ignore[assignment]

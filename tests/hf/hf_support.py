@@ -269,3 +269,18 @@ def small_tier_store(model: Any, path: Any) -> Any:
     big = dict.fromkeys(ObjectKind, 1 << 24)
     return TieredStore([DeviceTier(small, device="cpu"), HostTier(small),
                         NvmeTier(path / "nvme", big, fsync=False)])
+
+
+def restored_and_twin(model: Any, split: int, seed: int, total: int = 40
+                      ) -> tuple[HFRuntime, torch.Tensor, Any, Any, Any]:
+    """Prefill the first ``split`` of ``total`` random tokens, then restore a fresh cache
+    from that cache's own KV and state: ``(rt, tokens, restored, twin, cache)``, ``twin``
+    an untouched copy of the prefilled cache (the reference a restore must continue like)."""
+    rt = runtime(model)
+    toks = torch.tensor(random_tokens(total, model.config.get_text_config().vocab_size, seed))
+    mc = new_model_cache(model)
+    rt.run_tokens(toks[:split], mc, 0)
+    twin = copy.deepcopy(mc)
+    restored = rt.adapter.restore([rt.adapter.extract_kv(mc, 0, split)], [(0, split)], split,
+                                  rt.adapter.extract_state(mc))
+    return rt, toks, restored, twin, mc

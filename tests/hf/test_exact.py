@@ -15,6 +15,7 @@ from hf_support import (
     decoded_cache,
     random_tokens,
     reference,
+    restored_and_twin,
     runtime,
     state_mismatches,
     tiny_model,
@@ -134,15 +135,6 @@ def test_bad_input_ids() -> None:
 def test_bf16_payloads_roundtrip_bitwise(arch: str) -> None:
     """bf16 model (KV and conv in bf16, recurrent state in the model's state dtype): a
     restored cache continues bit for bit like the cache it was extracted from."""
-    import copy
-
-    model = tiny_model(arch).to(torch.bfloat16)
-    rt = runtime(model)
-    toks = torch.tensor(random_tokens(40, model.config.get_text_config().vocab_size, 9))
-    mc = new_model_cache(model)
-    rt.run_tokens(toks[:23], mc, 0)
-    twin = copy.deepcopy(mc)
-    restored = rt.adapter.restore([rt.adapter.extract_kv(mc, 0, 23)], [(0, 23)], 23,
-                                  rt.adapter.extract_state(mc))
+    rt, toks, restored, twin, mc = restored_and_twin(tiny_model(arch).to(torch.bfloat16), 23, 9)
     assert not state_mismatches(rt.adapter, restored, mc, 23, rtol=0.0)
     assert torch.equal(rt.run_tokens(toks[23:], restored, 23), rt.run_tokens(toks[23:], twin, 23))

@@ -75,20 +75,9 @@ def test_the_restored_cache_holds_the_restore_buffers_without_a_copy(arch: str) 
     (``hf_pack.adopt_kv``). Through ``DynamicLayer.update`` they were concatenated onto
     empty tensors: a second copy of every restored KV byte inside each hit's TTFT. The
     cache then continues bit for bit like the one it was extracted from."""
-    import copy
+    from hf_support import restored_and_twin, tiny_model
 
-    from hf_support import random_tokens, runtime, tiny_model
-
-    from hybrid_connector.integrations.hf.state import new_model_cache
-
-    model = tiny_model(arch)
-    rt = runtime(model)
-    toks = torch.tensor(random_tokens(40, model.config.get_text_config().vocab_size, 5))
-    mc = new_model_cache(model)
-    rt.run_tokens(toks[:24], mc, 0)
-    twin = copy.deepcopy(mc)
-    restored = rt.adapter.restore([rt.adapter.extract_kv(mc, 0, 24)], [(0, 24)], 24,
-                                  rt.adapter.extract_state(mc))
+    rt, toks, restored, twin, _ = restored_and_twin(tiny_model(arch), 24, 5)
     held = [(restored.layers[a.layer].keys, restored.layers[a.layer].values)
             for a in rt.adapter.attention]
     storages = {t.untyped_storage().data_ptr() for kv in held for t in kv}

@@ -49,7 +49,6 @@ requests in flight).
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 
 import numpy as np
 
@@ -88,13 +87,14 @@ class AnswerReuse:
         self._beta = 1.0 / survival_horizon
         self._tick = 0
         self._cap = records
-        self._fifo: deque[tuple[int, bytes, bytes]] = deque()  # (n, window, digest)
         # n -> window -> digest -> (refs, stored): answers of one length and one window but
         # other earlier tokens are other answers (keyed by the window alone, a later one
         # took the first one's digest and outlived it)
         self._keys: dict[int, dict[bytes, dict[bytes, tuple[int, bool]]]] = {}
-        # record i sits in slot i % records: its length and last token, the prefilter of
-        # ``extends_answer`` (the FIFO drops record i - records as record i comes in)
+        # The FIFO as a ring: record i sits in slot i % records, its key in ``_slots`` and
+        # its length and last token in two arrays (the prefilter of ``extends_answer``);
+        # record i + records takes the slot and drops record i.
+        self._slots: list[tuple[int, bytes, bytes] | None] = [None] * records
         self._ring_n = np.zeros(records, dtype=np.int64)
         self._ring_last = np.full(records, -1, dtype=np.int64)
         self._recorded = 0
@@ -120,7 +120,7 @@ class AnswerReuse:
         return self._tick % every == 0
 
     def __len__(self) -> int:
-        return len(self._fifo)
+        return min(self._recorded, self._cap)
 
     def _win(self, toks: np.ndarray, n: int) -> bytes:
         return np.ascontiguousarray(toks[max(0, n - self.window):n], dtype=np.int64).tobytes()
@@ -141,12 +141,12 @@ class AnswerReuse:
         refs, was = by.get(digest, (0, False))
         by[digest] = (refs + 1, was or stored)
         slot = self._recorded % self._cap
+        old, self._slots[slot] = self._slots[slot], (n, win, digest)
         self._ring_n[slot] = n
         self._ring_last[slot] = int(tokens[n - 1]) if n else -1  # token ids are >= 0
         self._recorded += 1
-        self._fifo.append((n, win, digest))
-        if len(self._fifo) > self._cap:
-            self._drop(*self._fifo.popleft())
+        if old is not None:  # dropped after the new one counts: a repeat keeps its flag
+            self._drop(*old)
 
     def _drop(self, n: int, win: bytes, digest: bytes) -> None:
         wins = self._keys[n]
@@ -165,7 +165,7 @@ class AnswerReuse:
         """The length and stored flag of the longest recorded answer ``tokens`` extend past
         its end; None when they extend none. No side effects."""
         size = int(tokens.size)
-        live = min(self._recorded, self._cap)
+        live = len(self)
         if not live or not size:
             return None
         ns = self._ring_n[:live]

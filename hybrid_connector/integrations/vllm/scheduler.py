@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -55,33 +54,12 @@ from hybrid_connector.integrations.vllm.meta import (
 )
 from hybrid_connector.integrations.vllm.setup import Groups
 from hybrid_connector.integrations.vllm.stats import Counters, hit_sources
-from hybrid_connector.runtime.progress import RequestProgress
+from hybrid_connector.integrations.vllm.tracked import Tracked
 from hybrid_connector.runtime.ranks import RankGather
 from hybrid_connector.runtime.session import cut_chunks
 from hybrid_connector.tiers.configured import ledger_backend, shared_view
 
 BlockIds = tuple[tuple[int, ...], ...]
-
-
-@dataclass(slots=True, eq=False)
-class Tracked(RequestProgress):
-    """One vLLM request's progress (``RequestProgress``) and what vLLM told the connector
-    about it: the ``Request`` itself, the state boundaries it offered (``offers``: position
-    -> group -> block; ``open_offers``: those not saved yet), the exact blocks of its
-    end-of-request state (``tail_blocks``), the tier of each external token
-    (``sources``), whether the shared tier was searched for it (``discovered``)."""
-
-    request: Any = None
-    offers: dict[int, dict[int, int]] = field(default_factory=dict)
-    open_offers: set[int] = field(default_factory=set)
-    tail_blocks: dict[int, int] | None = None
-    sources: dict[Any, int] | None = None
-    discovered: bool = False
-    gated: bool = False  # ``save_cap`` asked once: the gates' decisions are made
-
-    def saved_states(self, positions: list[int]) -> None:
-        self.states_saved.update(positions)
-        self.open_offers.difference_update(positions)
 
 
 class SchedulerSide:

@@ -1,6 +1,10 @@
 """A KV connector's worker calls around one forward pass, in the order vLLM 0.33's GPU model
 runner makes them (``gpu_model_runner`` then ``KVConnectorModelRunnerMixin``): shared by the
-head-to-head's runner and the test harness, so both drive a connector exactly as vLLM does."""
+head-to-head's runner and the test harness, so both drive a connector exactly as vLLM does.
+Model Runner V2 (vLLM's default where Triton is installed) calls ``handle_preemptions``
+later, after its Mamba align pre-copy has written the step's running blocks; a connector
+that copies a save there would read blocks this order keeps intact, so ours copies every
+save in ``wait_for_save`` of the step that decided it (docs/vllm_peers.md)."""
 
 from __future__ import annotations
 

@@ -78,3 +78,24 @@ def test_every_peer_runs_in_vllms_scheduler_and_its_hits_are_vllms_and_checked(t
     assert "HybridConnector (ours)" in out and "MET" not in out
     assert all(c in out for c in ("held/hit", "wrtn/hit", "TTFT ms", "vs best", "TFLOP/s", "GB/s", "best possible"))
     assert rep.plot(tmp_path / "p.png", doc) is None and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_under_async_scheduling_every_hit_is_vllms_and_checked_and_answers_are_reused(
+        tmp_path: Path) -> None:
+    """``--async-scheduling``: vLLM's ``AsyncScheduler`` (its default on a GPU) with two
+    steps in flight, each request ending at its answer's last token as a stop token (as a
+    chat template's end-of-turn token), so the step in flight computes that token when
+    vLLM calls ``request_finished``. Hits stay vLLM's and byte-checked, and ours still
+    serves stored answers: before, its end-of-request state was dropped whenever a step was
+    in flight, and the chat turns hit no deeper than the peers' block-floored prefixes."""
+    cfg = vp.PeersConfig(traces={"chat_edits": (16, 4)}, multiples=(2.0,), concurrency=2,
+                         peers=("none", "offload-lru", "ours-pooled"), async_scheduling=True)
+    doc = vp.run_sweep(cfg, progress=False, work=tmp_path, configs=ROOT / "configs")
+    rows = {r["peer"]: r for r in doc["rows"]}
+    for name, r in rows.items():
+        assert r["hit_tokens"] == r["vllm_hits"], name
+        assert r["checked_tokens"] == r["hit_tokens"], name
+    ours = rows["ours-pooled"]
+    assert ours["ours"]["failed_loads"] == 0 and ours["ours"]["hits_without_state"] == 0
+    assert ours["hit_rate"] > rows["offload-lru"]["hit_rate"] > rows["none"]["hit_rate"]
+    assert "AsyncScheduler" in rep.text(doc)

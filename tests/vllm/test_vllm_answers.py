@@ -24,36 +24,41 @@ YAML = s.BASE_YAML
 PROMPT = 150
 
 
-def _engine(root: Path) -> tuple[Any, Any, h.Runner]:
+def _engine(root: Path, async_scheduling: bool = False) -> tuple[Any, Any, h.Runner]:
     # dense retention: vLLM offers the state at every block boundary it computes, the
     # generated tokens' boundaries included
     return h.engine(root, YAML + "save_decode_cache: true\n", retention=None, num_blocks=8,
-                    name="answers.yaml")
+                    name="answers.yaml", async_scheduling=async_scheduling)
 
 
 def _states(sched: Any) -> int:
     return int(sched.connector.sched.stats.saved_objects.get("state", 0))
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("out", [70, 43])
 def test_an_answer_leaves_one_state_at_its_exact_end_and_the_next_turn_hits_there(
-        tmp_path: Path, out: int) -> None:
+        tmp_path: Path, out: int, async_scheduling: bool) -> None:
     """Turn 1 (150 prompt tokens, ``out`` generated) ends at 150 + out - 1: 219 inside a
     block, or 192 on a boundary. vLLM offers the boundaries 160 and 192 of its generated
     tokens; only the prompt's last boundary (128: nothing stored before it) and the exact
     end are saved. Turn 2 (turn 1 + its answer + 3 tokens) hits at that end, and saves
-    only its own end: its prompt's last boundary (192 or 160) lies below the hit."""
+    only its own end: its prompt's last boundary (192 or 160) lies below the hit.
+    ``async``: vLLM's ``AsyncScheduler`` (its default on a GPU), two steps in flight: a
+    decode step is planned before the token it computes is known, so the chunk that token
+    ends is saved a step later (before, it was dropped and the hit stopped at 128)."""
     end = PROMPT + out - 1
-    sched, worker, runner = _engine(tmp_path)
+    sched, worker, runner = _engine(tmp_path, async_scheduling)
     try:
         turn1 = np.random.default_rng(9).integers(0, 128, PROMPT).tolist()
-        ans = h.run(sched, runner, [h.make_request("t1", turn1, out)])["t1"]
+        ans = h.run(sched, runner, [h.make_request("t1", turn1, out)],
+                    pipelined=async_scheduling)["t1"]
         turn2 = turn1 + ans + [5, 6, 7]
         assert h.settle(sched, runner, turn2) == end
         assert _states(sched) == 2  # 128 and the end (was 4 with 160 and 192)
         assert sched.reset_prefix_cache()  # the device cache forgot the first turn
         before = runner.computed_tokens
-        h.run(sched, runner, [h.make_request("t2", turn2, 4)])
+        h.run(sched, runner, [h.make_request("t2", turn2, 4)], pipelined=async_scheduling)
         h.settle(sched, runner, turn2 + [1])
     finally:
         worker.shutdown()

@@ -172,28 +172,33 @@ class Runner:
                                  sampled_token_ids=sampled, kv_connector_output=out)
 
 
-def make_scheduler(vc: Any, cfg: Any) -> Any:
-    """vLLM's own ``Scheduler`` at ``BLOCK`` (it creates the connector's scheduler side)."""
-    return eng.make_scheduler(vc, cfg, BLOCK)
+def make_scheduler(vc: Any, cfg: Any, async_scheduling: bool = False) -> Any:
+    """vLLM's own ``Scheduler`` at ``BLOCK`` (it creates the connector's scheduler side);
+    ``async_scheduling``: its ``AsyncScheduler`` (drive it with ``run(..., pipelined=True)``)."""
+    return eng.make_scheduler(vc, cfg, BLOCK, async_scheduling)
 
 
-def make_request(rid: str, prompt: list[int], max_tokens: int) -> Any:
-    """A vLLM ``Request`` with vLLM's block hasher at ``BLOCK``."""
-    return eng.make_request(rid, prompt, max_tokens, BLOCK)
+def make_request(rid: str, prompt: list[int], max_tokens: int,
+                 stop_token_ids: list[int] | None = None) -> Any:
+    """A vLLM ``Request`` with vLLM's block hasher at ``BLOCK`` (``stop_token_ids``: it
+    also stops at one of those, as at an end-of-sequence token)."""
+    return eng.make_request(rid, prompt, max_tokens, BLOCK, stop_token_ids)
 
 
 def engine(root: Path, yaml_text: str, *, retention: int | None, num_blocks: int,
-           name: str = "hybrid.yaml") -> tuple[Any, Any, Runner]:
+           name: str = "hybrid.yaml", async_scheduling: bool = False
+           ) -> tuple[Any, Any, Runner]:
     """vLLM's ``Scheduler``, our connector's worker side (from vLLM's factory) and a
     ``Runner`` on vLLM's own buffers, for tiny Nemotron-H under ``root``, the connector
     config ``yaml_text`` (written to ``root / name``), vLLM's
-    ``prefix_cache_retention_interval`` ``retention`` and ``num_blocks`` device blocks."""
+    ``prefix_cache_retention_interval`` ``retention`` and ``num_blocks`` device blocks
+    (``async_scheduling``: vLLM's ``AsyncScheduler``, see ``make_scheduler``)."""
     y = root / name
     y.write_text(yaml_text)
     vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=retention)
     cfg = s.kv_cache_config(vc, num_blocks=num_blocks)
     worker = eng.make_worker(vc, cfg)
-    return make_scheduler(vc, cfg), worker, Runner(cfg, worker)
+    return make_scheduler(vc, cfg, async_scheduling), worker, Runner(cfg, worker)
 
 
 def _keep_stats(runner: Any, eco: Any) -> None:
@@ -203,24 +208,33 @@ def _keep_stats(runner: Any, eco: Any) -> None:
 
 
 def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
-        evict_every: int = 0) -> dict[str, list[int]]:
+        evict_every: int = 0, pipelined: bool = False) -> dict[str, list[int]]:
     """Serve ``requests`` one after another (each added when the previous finished, so
     later ones can hit on earlier ones); returns the tokens generated per request.
     ``evict_every``: empty vLLM's own prefix cache before every n-th request (what a busy
-    engine's device cache does to an old prefix), so hits must come from the connector."""
+    engine's device cache does to an old prefix), so hits must come from the connector.
+    ``pipelined``: two steps in flight, in the order of ``EngineCore.step_with_batch_queue``
+    under async scheduling (step t+1 is scheduled before step t's output is processed)."""
     outs: dict[str, list[int]] = {}
     for i, req in enumerate(requests):
         if evict_every and i and i % evict_every == 0:
             assert sched.reset_prefix_cache()
         sched.add_request(req)
+        queue: list[tuple[Any, Any]] = []
         for _ in range(max_steps):
-            so = sched.schedule()
-            mro = runner.step(so)
+            if sched.has_requests():
+                so = sched.schedule()
+                queue.insert(0, (so, runner.step(so)))
+                if pipelined and len(queue) < 2:
+                    continue  # the batch queue is not full: schedule the next step first
+            if not queue:
+                break
+            so, mro = queue.pop()
             eco = sched.update_from_output(so, mro)
             _keep_stats(runner, eco)
             for o in (x for e in eco.values() for x in e.outputs):
                 outs.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if not sched.has_unfinished_requests():
+            if not sched.has_unfinished_requests() and not queue:
                 break
         else:
             raise AssertionError("scheduler did not finish")

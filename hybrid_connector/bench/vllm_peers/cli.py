@@ -57,6 +57,9 @@ def add_parser(bsub: Any) -> None:
     c.add_argument("--work", help="directory for the model config and each run's rows as they "
                                   "finish, with every request's prompt, hit and external hit "
                                   "tokens (rows-TRACE.jsonl; default: a new temporary directory)")
+    c.add_argument("--async-scheduling", action="store_true",
+                   help="vLLM's AsyncScheduler (its default on a GPU): each step is scheduled "
+                        "before the previous one's output is processed")
     c.add_argument("--jobs", type=int, default=1, help="traces run at once, one process each")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=run)
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
                                                else cfg.traces[n] for n in names})
     if args.concurrency:
         cfg = dataclasses.replace(cfg, concurrency=args.concurrency)
+    if args.async_scheduling:
+        cfg = dataclasses.replace(cfg, async_scheduling=True)
     if args.multiples:
         cfg = dataclasses.replace(cfg, multiples=tuple(float(m) for m in args.multiples.split(",")))
     if args.peers:

@@ -127,23 +127,34 @@ def allocate(cfg: Any) -> dict[str, Any]:
     return vb.allocate(cfg, LAYOUT, vb.backend_class(BACKEND), seed=1)
 
 
-def make_scheduler(vc: Any, cfg: Any, block: int) -> Any:
-    """vLLM's own ``Scheduler`` (it creates the connector's scheduler side from ``vc``)."""
+def make_scheduler(vc: Any, cfg: Any, block: int, async_scheduling: bool = False) -> Any:
+    """vLLM's own ``Scheduler`` (it creates the connector's scheduler side from ``vc``);
+    ``async_scheduling``: its ``AsyncScheduler``, what vLLM 0.33 runs by default on a GPU
+    (``VllmConfig`` turns ``async_scheduling`` on unless something is incompatible): a step
+    is scheduled before the previous one's output is back, so the token sampled there is a
+    placeholder (``num_output_placeholders``) when the next step is planned."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.structured_output import StructuredOutputManager
 
-    return Scheduler(vc, cfg, StructuredOutputManager(vc), block, log_stats=True)
+    vc.scheduler_config.async_scheduling = async_scheduling
+    cls = AsyncScheduler if async_scheduling else Scheduler
+    return cls(vc, cfg, StructuredOutputManager(vc), block, log_stats=True)
 
 
-def make_request(rid: str, prompt: list[int], max_tokens: int, block: int) -> Any:
-    """A vLLM ``Request`` with vLLM's block hasher (sha256, as the engine core sets it up)."""
+def make_request(rid: str, prompt: list[int], max_tokens: int, block: int,
+                 stop_token_ids: list[int] | None = None, min_tokens: int = 0) -> Any:
+    """A vLLM ``Request`` with vLLM's block hasher (sha256, as the engine core sets it up);
+    it stops after ``max_tokens`` or, from its ``min_tokens``-th token on, at a token of
+    ``stop_token_ids``."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
     init_none_hash(sha256)
-    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop_token_ids,
+                        min_tokens=min_tokens)
     return Request(rid, prompt, sp, None, block_hasher=get_request_block_hasher(block, sha256))
 
 

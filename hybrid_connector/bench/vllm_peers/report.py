@@ -90,7 +90,9 @@ def text(doc: dict[str, Any]) -> str:
         f"(block {g['block']} tokens = {g['real_block']} / {g['divisor']:g}; KV "
         f"{g['kv_bytes_per_token']} B/token, one state {g['state_bytes']:,} B = KV of "
         f"{g['state_bytes'] / g['kv_bytes_per_token']:.0f} tokens), dense retention, "
-        f"{doc['config']['concurrency']} requests at once.",
+        f"{doc['config']['concurrency']} requests at once"
+        + ("; AsyncScheduler, two steps in flight, each request ending at its answer's last "
+           "token as at an end-of-turn token." if doc["config"].get("async_scheduling") else "."),
         "Every hit decided by vLLM's code; the only stand-in is the workers' GPU copy routine "
         "(a CPU copy); every restored byte checked by the runner.",
         *_legend(doc), ""]

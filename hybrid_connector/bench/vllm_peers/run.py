@@ -56,6 +56,7 @@ class EngineShape:
     max_len: int
     concurrency: int
     batched: int
+    async_scheduling: bool = False  # ``engine.make_scheduler``; driven as vLLM's batch queue
 
 
 class RunError(RuntimeError):
@@ -113,7 +114,7 @@ def run_one(shape: EngineShape, p: st.Peer, records: list[dict[str, Any]],
         runner = Runner(cfg, bufs, worker, shape.block, eng.BACKEND)
         if p.name == "simple" and worker is not None:  # the engine core hands the workers' block count to the scheduler
             vc.cache_config.simple_cpu_offload_num_blocks = worker.worker_handler.num_cpu_blocks
-        sched = eng.make_scheduler(vc, cfg, shape.block)
+        sched = eng.make_scheduler(vc, cfg, shape.block, shape.async_scheduling)
         if disk is not None:
             disk.attach(sched, worker)
         out = _drive(shape, p, sched, runner, worker, records, probe_every, max_steps, disk)
@@ -165,21 +166,37 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     tally = _Tally()
     peak = 0
     steps = 0
-    while pending or sched.has_unfinished_requests():
+    # async scheduling: two steps in flight, in ``EngineCore.step_with_batch_queue``'s order
+    # (step t+1 is scheduled, and run here, before step t's output is processed)
+    queue: deque[tuple[Any, Any]] = deque()
+    sched_s = 0.0
+    while pending or sched.has_unfinished_requests() or queue:
         while pending and running < shape.concurrency and session_of[pending[0][0]] not in busy:
             rid, prompt, n_out = pending.popleft()
-            sched.add_request(eng.make_request(rid, prompt, n_out, shape.block))
+            if shape.async_scheduling:  # ends at its last token as at an end-of-turn token
+                last = runner.outputs[rid][-1:]
+                req = eng.make_request(rid, prompt, n_out + 1, shape.block, last, n_out)
+            else:
+                req = eng.make_request(rid, prompt, n_out, shape.block)
+            sched.add_request(req)
             busy.add(session_of[rid])
             running += 1
         # CPU time of this thread (vLLM's engine-core thread): other processes on a shared
         # machine (--jobs) do not count, nor the connectors' own I/O threads
-        t0 = time.thread_time()
-        so = sched.schedule()
-        t1 = time.thread_time()
-        mro = runner.step(so)
+        if sched.has_requests():
+            t0 = time.thread_time()
+            so = sched.schedule()
+            sched_s += time.thread_time() - t0
+            queue.appendleft((so, runner.step(so)))
+            if shape.async_scheduling and len(queue) < 2:
+                continue
+        if not queue:
+            raise RunError(f"{p.name}: requests pending but nothing to schedule")
+        so, mro = queue.pop()
         t2 = time.thread_time()
         eco = sched.update_from_output(so, mro)
-        step_ms.append((time.thread_time() - t2 + t1 - t0) * 1e3)
+        step_ms.append((time.thread_time() - t2 + sched_s) * 1e3)
+        sched_s = 0.0
         settle()
         tally.take(eco)
         for e in eco.values():
@@ -195,6 +212,9 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         if steps > max_steps:
             raise RunError(f"{p.name}: not finished after {max_steps} steps")
     for _ in range(3):  # the last saves' reports come back
+        while queue:
+            so, mro = queue.pop()
+            tally.take(sched.update_from_output(so, mro))
         so = sched.schedule()
         tally.take(sched.update_from_output(so, runner.step(so)))
         settle()

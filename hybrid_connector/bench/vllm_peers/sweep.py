@@ -60,6 +60,7 @@ class PeersConfig:
     device_share: float = 0.15
     seed: int = 0
     max_out: int = 32  # answers longer than this are cut (decode steps dominate the run time)
+    async_scheduling: bool = False  # vLLM's AsyncScheduler, two steps in flight (its GPU default)
 
 
 def quick() -> PeersConfig:
@@ -157,7 +158,8 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
     nblocks = _device_blocks(recs, block, len(cfg0.kv_cache_groups), stats["live_peak_tokens"], cfg)
     max_len = max(len(r["input_tokens"]) + len(r["output_tokens"]) for r in recs) + 1
     shape = EngineShape(model_dir, cfg.preset, block, nblocks, max_len, cfg.concurrency,
-                        batched=min(2048, cfg.concurrency * max_len))
+                        batched=min(2048, cfg.concurrency * max_len),
+                        async_scheduling=cfg.async_scheduling)
     info = {"requests": len(recs), "prompt_tokens": int(sum(len(r["input_tokens"]) for r in recs)),
             "working_set_bytes": ws, "device_blocks": nblocks,
             "device_bytes": nblocks * block_bytes, "max_len": max_len,

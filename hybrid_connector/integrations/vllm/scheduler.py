@@ -255,17 +255,21 @@ class SchedulerSide:
         """Queue the save of the exact end-of-request state (module docstring) and the KV
         below it; True when one was queued (vLLM must keep the blocks until the workers
         report the request in ``finished_sending``). Nothing for a model without recurrent
-        groups, a request with tokens in flight or preempted to zero, a tail already saved (a
-        boundary offer), and generated tokens unless ``save_decode_cache``. A tail on a
-        block boundary sits in that boundary's block, the same ``(N - 1) // block_size``."""
+        groups, a request preempted to zero, a tail already saved (a boundary offer), and
+        generated tokens unless ``save_decode_cache``. A tail on a block boundary sits in
+        that boundary's block, the same ``(N - 1) // block_size``. Under vLLM's async
+        scheduling a request that stopped at step t has step t+1 in flight, computing its
+        last token (the stop token): the tail is taken after it, at ``num_computed_tokens``,
+        and copied in a step after that one. More than one token in flight (speculative
+        drafts, a prefill chunk), or one whose token is not known yet: no tail."""
         rec = self._progress.get(request.request_id)
         if rec is None:
             return False
         n = request.num_computed_tokens
         vllm_blocks, rec.tail_blocks = rec.tail_blocks, None
         cap = save_cap(self.answers, self.prompts, request, n, rec.tokens)
-        if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens
-                or n in rec.states_saved):
+        if (not self.groups.recurrent or n <= 0 or cap != n or request.num_in_flight_tokens > 1
+                or n > request.num_tokens or n in rec.states_saved):
             return False
         idx = (n - 1) // self.bs
         blocks = vllm_blocks or {g: block_ids[g][idx] for g in self.groups.recurrent_groups
@@ -305,7 +309,9 @@ class SchedulerSide:
             rec = self._progress.get(rid)
             if rec is None:
                 continue
-            end = rec.request.num_computed_tokens + n  # most decode steps: nothing to save
+            # a token sampled in a step still in flight (vLLM's async scheduling) is not
+            # known yet: KV up to it is saved in a later step (its blocks stay: running)
+            end = min(rec.request.num_computed_tokens + n, rec.request.num_tokens)
             if rec.gated and self._nothing_new(rec, end):  # the cap is at most ``end``
                 continue
             # block ids are copied only for a step that saves something

@@ -33,16 +33,17 @@ def _requests(seed: int, n: int, max_tokens: int = 40) -> list[Any]:
 
 
 def _serve(vc: Any, cfg: Any, model_dir: Path, connector: bool, lose: bool = False,
-           n: int = 8, max_tokens: int = 40) -> tuple[dict[str, list[int]], dict[str, Any], Any]:
+           n: int = 8, max_tokens: int = 40, async_scheduling: bool = False
+           ) -> tuple[dict[str, list[int]], dict[str, Any], Any]:
     v = vc
     if not connector:
         v = copy.deepcopy(vc)
         v.kv_transfer_config = None
-    sched = h.make_scheduler(v, cfg)
+    sched = h.make_scheduler(v, cfg, async_scheduling)
     worker = vp.WorkerProcess(vc, cfg, str(model_dir), connector=connector, lose=lose)
     try:
         outs = h.run_mixed(sched, worker, _requests(5, n, max_tokens), arrive_every=2,
-                           abort={"r3": 25})
+                           abort={"r3": 25}, pipelined=async_scheduling)
         report = worker.report()
     finally:
         worker.close()
@@ -50,15 +51,19 @@ def _serve(vc: Any, cfg: Any, model_dir: Path, connector: bool, lose: bool = Fal
     return outs, report, sched
 
 
-@pytest.mark.parametrize("arch", ["nemotron_h", "qwen3_next"])
-def test_real_compute_through_vllms_scheduler_in_two_processes(tmp_path: Path, arch: str) -> None:
+@pytest.mark.parametrize(("arch", "async_scheduling"),
+                         [("nemotron_h", False), ("qwen3_next", False), ("nemotron_h", True)],
+                         ids=["nemotron_h", "qwen3_next", "nemotron_h-async"])
+def test_real_compute_through_vllms_scheduler_in_two_processes(
+        tmp_path: Path, arch: str, async_scheduling: bool) -> None:
+    """``async``: vLLM's ``AsyncScheduler`` (its GPU default), two steps in flight."""
     y = tmp_path / "hybrid.yaml"
     y.write_text(YAML)
     model_dir = s.MODELS[arch](tmp_path)
     vc = s.vllm_config(model_dir, y, max_len=320)
     cfg = s.kv_cache_config(vc, num_blocks=5)  # room for ~2 requests: preemptions
-    base, base_rep, _ = _serve(vc, cfg, model_dir, connector=False)
-    outs, rep, sched = _serve(vc, cfg, model_dir, connector=True)
+    base, base_rep, _ = _serve(vc, cfg, model_dir, connector=False, async_scheduling=async_scheduling)
+    outs, rep, sched = _serve(vc, cfg, model_dir, connector=True, async_scheduling=async_scheduling)
     st = sched.connector.sched.stats
     assert base_rep["bad"] == [] and rep["bad"] == [], rep["bad"][:3]
     assert outs == base and len(outs) == 7                  # same greedy tokens

@@ -244,16 +244,18 @@ def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
 
 
 def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 3,
-              abort: dict[str, int] | None = None, max_steps: int = 5000) -> dict[str, list[int]]:
+              abort: dict[str, int] | None = None, max_steps: int = 5000,
+              pipelined: bool = False) -> dict[str, list[int]]:
     """Serve ``requests`` concurrently: one arrives every ``arrive_every`` steps, so prefills
     are chunked, batched with decodes and preempted when blocks run out; ``abort[rid]`` is
     the step at which request ``rid`` is aborted (if still running). Returns the tokens
-    generated per request."""
+    generated per request. ``pipelined``: two steps in flight, as ``run``'s."""
     from vllm.v1.request import RequestStatus
 
     outs: dict[str, list[int]] = {}
     pending = list(requests)
     abort = dict(abort or {})
+    queue: list[tuple[Any, Any]] = []
     for step in range(max_steps):
         if pending and step % arrive_every == 0:
             sched.add_request(pending.pop(0))
@@ -261,10 +263,17 @@ def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 
             if at == step:
                 sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
                 del abort[rid]
-        if not pending and not sched.has_unfinished_requests():
+        if not pending and not sched.has_unfinished_requests() and not queue:
             break
-        so = sched.schedule()
-        eco = sched.update_from_output(so, runner.step(so))
+        if sched.has_requests():
+            so = sched.schedule()
+            queue.insert(0, (so, runner.step(so)))
+            if pipelined and len(queue) < 2:
+                continue
+        if not queue:
+            continue
+        so, mro = queue.pop()
+        eco = sched.update_from_output(so, mro)
         _keep_stats(runner, eco)
         for o in (x for e in eco.values() for x in e.outputs):
             outs.setdefault(o.request_id, []).extend(o.new_token_ids)

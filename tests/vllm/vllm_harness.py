@@ -243,6 +243,17 @@ def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
     return outs
 
 
+def second_turn(sched: Any, runner: Runner, turn2: list[int], pipelined: bool = False) -> int:
+    """Serve ``turn2`` (4 tokens) after vLLM's own prefix cache forgot every earlier turn, so
+    a hit must come from the connector, and let its saves settle; returns the tokens the
+    runner computed for it."""
+    assert sched.reset_prefix_cache()
+    before = runner.computed_tokens
+    run(sched, runner, [make_request("t2", turn2, 4)], pipelined=pipelined)
+    settle(sched, runner, turn2 + [1])
+    return runner.computed_tokens - before
+
+
 def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 3,
               abort: dict[str, int] | None = None, max_steps: int = 5000,
               pipelined: bool = False) -> dict[str, list[int]]:

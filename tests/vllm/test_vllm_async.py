@@ -64,3 +64,45 @@ def test_a_turn_that_stops_at_a_stop_token_leaves_its_exact_end(
     assert st.hits == 1 and st.failed_loads == 0 and st.hit_tokens == end
     assert computed == len(turn2) - end + 3
     assert not sched.requests  # the held blocks were released
+
+
+def test_concurrent_turns_stopping_at_stop_tokens_with_preemption_and_an_abort(
+        tmp_path: Path) -> None:
+    """Two waves under ``AsyncScheduler``: eight first turns over a shared prefix, arriving
+    every step into a device cache too small for them (preemptions), each stopping at a stop
+    token of its own or at its length, one aborted; then each one's next turn (its prompt,
+    its answer, 3 tokens) after vLLM's own cache forgot the first wave. Every byte a hit
+    restored is checked, the index stays consistent and no blocks stay held; after the
+    first wave the index serves most next turns past their first turn's prompt (the stored
+    answers and their exact ends; before, none)."""
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 128, 200).tolist()
+    firsts = [base[: 60 + 17 * i] + rng.integers(0, 128, 9).tolist() for i in range(8)]
+    (tmp_path / "learn").mkdir()
+    answers = [_answer(tmp_path / "learn", p)[:40] for p in firsts]
+    stops = [[a[10 + 3 * i]] if a[10 + 3 * i] not in a[: 10 + 3 * i] else []
+             for i, a in enumerate(answers)]
+    sched, worker, runner = h.engine(tmp_path, YAML, retention=None, num_blocks=12,
+                                     name="mixed.yaml", async_scheduling=True)
+    try:
+        outs = h.run_mixed(sched, runner, [h.make_request(f"a{i}", p, 40, stops[i])
+                                           for i, p in enumerate(firsts)],
+                           arrive_every=1, abort={"a5": 12}, pipelined=True)
+        assert runner.preempted > 0  # deterministic here: the harness never races threads
+        seconds = {i: firsts[i] + outs[f"a{i}"] + [5, 6, 7] for i in range(8) if i != 5}
+        h.settle(sched, runner, seconds[7])
+        idx = sched.connector.sched.index
+        deep = [i for i, t in seconds.items() if idx.lookup(
+            np.asarray(t), alignment=1, replay=False).num_tokens > len(firsts[i])]
+        assert sched.reset_prefix_cache()
+        h.run_mixed(sched, runner, [h.make_request(f"b{i}", t, 4) for i, t in seconds.items()],
+                    arrive_every=1, pipelined=True)
+        h.settle(sched, runner, seconds[7] + [1])
+    finally:
+        worker.shutdown()
+    st = sched.connector.sched.stats
+    assert runner.bad == [], runner.bad[:3]
+    assert st.failed_loads == 0 and st.hits_without_state == 0 and st.hits >= 4
+    idx.check_integrity()
+    assert not sched.requests
+    assert len(deep) >= 4, deep

@@ -199,13 +199,16 @@ def configs(root: Path, args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
 
 def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurrency: int,
         profile: cProfile.Profile | None = None, cpu: bool = True,
-        decisions: DecisionTrace | None = None, ops: OpCounter | None = None) -> dict[str, Any]:
+        decisions: DecisionTrace | None = None, ops: OpCounter | None = None,
+        pipelined: bool = False) -> dict[str, Any]:
     """Serve ``reqs`` through vLLM's scheduler; the per-step times of its two calls (CPU
     time of the engine-core thread, or wall time with ``cpu`` False). ``decisions``: record
-    HybridConnector's decisions there; ``ops``: count the connector's opcodes there."""
+    HybridConnector's decisions there; ``ops``: count the connector's opcodes there;
+    ``pipelined``: vLLM's ``AsyncScheduler`` with two steps in flight (a step's time is its
+    ``schedule()`` plus the ``update_from_output()`` of the step before)."""
     from vllm.utils.gc_utils import freeze_gc_heap
 
-    sched = h.make_scheduler(vc, cfg)
+    sched = h.make_scheduler(vc, cfg, pipelined)
     worker = reports = None
     if name in HYBRID:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -230,21 +233,26 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     # model config) is frozen, so an oldest-generation collection during the run scans
     # only what the run allocates, not every object of the process
     freeze_gc_heap()
+    queue: list[tuple[Any, Any, int]] = []
     for _ in range(200_000):
         while pending and len(sched.running) + len(sched.waiting) < concurrency:
             sched.add_request(pending.pop())
-        if not pending and not sched.has_unfinished_requests():
+        if not pending and not sched.has_unfinished_requests() and not queue:
             break
-        if profile is not None:
-            profile.enable()
-        t0 = clock()
-        so = sched.schedule()
-        t1 = clock()
-        if profile is not None:
-            profile.disable()
-        for nr in so.scheduled_new_reqs:
-            first.setdefault(nr.req_id, nr.num_computed_tokens)
-        mro = runner.step(so)
+        if sched.has_requests():
+            if profile is not None:
+                profile.enable()
+            t0 = clock()
+            so = sched.schedule()
+            t1 = clock()
+            if profile is not None:
+                profile.disable()
+            for nr in so.scheduled_new_reqs:
+                first.setdefault(nr.req_id, nr.num_computed_tokens)
+            queue.insert(0, (so, runner.step(so), t1 - t0))
+            if pipelined and len(queue) < 2:
+                continue  # vLLM's batch queue: schedule the next step first
+        so, mro, ts = queue.pop()
         if profile is not None:
             profile.enable()
         t2 = clock()
@@ -252,7 +260,7 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
         t3 = clock()
         if profile is not None:
             profile.disable()
-        times.append(t1 - t0 + t3 - t2)
+        times.append(ts + t3 - t2)
         if reports is not None:
             reports.settle()  # untimed: the tier threads' ops of this step, run
     else:
@@ -319,6 +327,8 @@ def main() -> None:
     ap.add_argument("--wall", action="store_true",
                     help="wall time instead of the thread's CPU time (on a quiet machine)")
     ap.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="vLLM's AsyncScheduler, its GPU default (two steps in flight)")
     ap.add_argument("--ops", action="store_true",
                     help="one more run of each connector counting its scheduler side's "
                          "Python opcodes per step (deterministic; sched_ops.OpCounter)")
@@ -334,7 +344,8 @@ def main() -> None:
     rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for _ in range(args.repeat):  # rounds interleave the connectors: load spikes hit all alike
         for name in names:
-            row = run(name, *envs[name], reqs, args.concurrency, cpu=not args.wall)
+            row = run(name, *envs[name], reqs, args.concurrency, cpu=not args.wall,
+                      pipelined=args.async_scheduling)
             rounds[name].append(row)
             if name not in best or row["mean_ms"] < best[name]["mean_ms"]:
                 best[name] = row
@@ -384,7 +395,8 @@ def main() -> None:
         st.sort_stats("cumtime").print_stats("hybrid_connector", 40)
         st.sort_stats("tottime").print_stats(25)
         print(buf.getvalue())
-    name = f"vllm_scheduler_cost_c{args.concurrency}{'_quick' if args.quick else ''}.json"
+    name = (f"vllm_scheduler_cost_c{args.concurrency}{'_async' if args.async_scheduling else ''}"
+            f"{'_quick' if args.quick else ''}.json")
     out = (args.out or ROOT / "benchmarks" / "results") / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()

@@ -71,6 +71,7 @@ import vllm_harness as h  # noqa: E402
 import vllm_support as s  # noqa: E402
 from sched_ops import OpCounter  # noqa: E402
 
+from hybrid_connector.bench.vllm_peers.step_queue import StepQueue  # noqa: E402
 from hybrid_connector.sim.traces_engine import agentic_branch  # noqa: E402
 
 CONNECTORS = ("none", "hybrid", "hybrid-split", "offloading")
@@ -204,8 +205,9 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     """Serve ``reqs`` through vLLM's scheduler; the per-step times of its two calls (CPU
     time of the engine-core thread, or wall time with ``cpu`` False). ``decisions``: record
     HybridConnector's decisions there; ``ops``: count the connector's opcodes there;
-    ``pipelined``: vLLM's ``AsyncScheduler`` with two steps in flight (a step's time is its
-    ``schedule()`` plus the ``update_from_output()`` of the step before)."""
+    ``pipelined``: vLLM's ``AsyncScheduler`` with two steps in flight (``StepQueue``; a
+    step's time is the ``update_from_output()`` of a step plus the ``schedule()`` calls made
+    since the one before, the next step's under async scheduling)."""
     from vllm.utils.gc_utils import freeze_gc_heap
 
     sched = h.make_scheduler(vc, cfg, pipelined)
@@ -233,34 +235,39 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     # model config) is frozen, so an oldest-generation collection during the run scans
     # only what the run allocates, not every object of the process
     freeze_gc_heap()
-    queue: list[tuple[Any, Any, int]] = []
+    inflight = StepQueue(sched, runner, pipelined)
+    sched_ns = 0
+
+    def schedule() -> Any:
+        nonlocal sched_ns
+        if profile is not None:
+            profile.enable()
+        t0 = clock()
+        so = sched.schedule()
+        sched_ns += clock() - t0
+        if profile is not None:
+            profile.disable()
+        for nr in so.scheduled_new_reqs:
+            first.setdefault(nr.req_id, nr.num_computed_tokens)
+        return so
+
     for _ in range(200_000):
         while pending and len(sched.running) + len(sched.waiting) < concurrency:
             sched.add_request(pending.pop())
-        if not pending and not sched.has_unfinished_requests() and not queue:
+        if not pending and not sched.has_unfinished_requests() and not inflight:
             break
-        if sched.has_requests():
-            if profile is not None:
-                profile.enable()
-            t0 = clock()
-            so = sched.schedule()
-            t1 = clock()
-            if profile is not None:
-                profile.disable()
-            for nr in so.scheduled_new_reqs:
-                first.setdefault(nr.req_id, nr.num_computed_tokens)
-            queue.insert(0, (so, runner.step(so), t1 - t0))
-            if pipelined and len(queue) < 2:
-                continue  # vLLM's batch queue: schedule the next step first
-        so, mro, ts = queue.pop()
+        due = inflight.step(schedule)
+        if due is None:
+            continue  # vLLM's batch queue: schedule the next step first
         if profile is not None:
             profile.enable()
         t2 = clock()
-        sched.update_from_output(so, mro)
+        sched.update_from_output(*due)
         t3 = clock()
         if profile is not None:
             profile.disable()
-        times.append(ts + t3 - t2)
+        times.append(sched_ns + t3 - t2)
+        sched_ns = 0
         if reports is not None:
             reports.settle()  # untimed: the tier threads' ops of this step, run
     else:

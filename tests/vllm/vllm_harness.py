@@ -32,6 +32,7 @@ from hybrid_connector.bench.vllm_peers.mixin_order import after_forward, before_
 from hybrid_connector.bench.vllm_peers.prefix_hash import prefix_hash
 from hybrid_connector.bench.vllm_peers.run import StepReports
 from hybrid_connector.bench.vllm_peers.sched_output import apply_scheduler_output
+from hybrid_connector.bench.vllm_peers.step_queue import StepQueue
 
 
 def _digest(h: bytes, tag: bytes, n: int) -> torch.Tensor:
@@ -207,6 +208,13 @@ def _keep_stats(runner: Any, eco: Any) -> None:
             runner.sched_stats.append(e.scheduler_stats)
 
 
+def _take(runner: Any, eco: Any, outs: dict[str, list[int]]) -> None:
+    """One step's engine-core outputs: vLLM's stats kept, generated tokens per request."""
+    _keep_stats(runner, eco)
+    for o in (x for e in eco.values() for x in e.outputs):
+        outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+
+
 def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
         evict_every: int = 0, pipelined: bool = False) -> dict[str, list[int]]:
     """Serve ``requests`` one after another (each added when the previous finished, so
@@ -214,27 +222,21 @@ def run(sched: Any, runner: Runner, requests: list[Any], max_steps: int = 2000,
     ``evict_every``: empty vLLM's own prefix cache before every n-th request (what a busy
     engine's device cache does to an old prefix), so hits must come from the connector.
     ``pipelined``: two steps in flight, in the order of ``EngineCore.step_with_batch_queue``
-    under async scheduling (step t+1 is scheduled before step t's output is processed)."""
+    under async scheduling (``StepQueue``)."""
     outs: dict[str, list[int]] = {}
     for i, req in enumerate(requests):
         if evict_every and i and i % evict_every == 0:
             assert sched.reset_prefix_cache()
         sched.add_request(req)
-        queue: list[tuple[Any, Any]] = []
+        inflight = StepQueue(sched, runner, pipelined)
         for _ in range(max_steps):
-            if sched.has_requests():
-                so = sched.schedule()
-                queue.insert(0, (so, runner.step(so)))
-                if pipelined and len(queue) < 2:
+            due = inflight.step()
+            if due is None:
+                if inflight:
                     continue  # the batch queue is not full: schedule the next step first
-            if not queue:
                 break
-            so, mro = queue.pop()
-            eco = sched.update_from_output(so, mro)
-            _keep_stats(runner, eco)
-            for o in (x for e in eco.values() for x in e.outputs):
-                outs.setdefault(o.request_id, []).extend(o.new_token_ids)
-            if not sched.has_unfinished_requests() and not queue:
+            _take(runner, sched.update_from_output(*due), outs)
+            if not sched.has_unfinished_requests() and not inflight:
                 break
         else:
             raise AssertionError("scheduler did not finish")
@@ -266,7 +268,7 @@ def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 
     outs: dict[str, list[int]] = {}
     pending = list(requests)
     abort = dict(abort or {})
-    queue: list[tuple[Any, Any]] = []
+    inflight = StepQueue(sched, runner, pipelined)
     for step in range(max_steps):
         if pending and step % arrive_every == 0:
             sched.add_request(pending.pop(0))
@@ -274,20 +276,11 @@ def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 
             if at == step:
                 sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
                 del abort[rid]
-        if not pending and not sched.has_unfinished_requests() and not queue:
+        if not pending and not sched.has_unfinished_requests() and not inflight:
             break
-        if sched.has_requests():
-            so = sched.schedule()
-            queue.insert(0, (so, runner.step(so)))
-            if pipelined and len(queue) < 2:
-                continue
-        if not queue:
-            continue
-        so, mro = queue.pop()
-        eco = sched.update_from_output(so, mro)
-        _keep_stats(runner, eco)
-        for o in (x for e in eco.values() for x in e.outputs):
-            outs.setdefault(o.request_id, []).extend(o.new_token_ids)
+        due = inflight.step()
+        if due is not None:
+            _take(runner, sched.update_from_output(*due), outs)
     else:
         raise AssertionError("scheduler did not finish")
     so = sched.schedule()

@@ -43,6 +43,7 @@ import numpy as np
 from hybrid_connector.bench.vllm_peers import engine as eng
 from hybrid_connector.bench.vllm_peers import setups as st
 from hybrid_connector.bench.vllm_peers.disk_run import SETTLE_TIMEOUT_S, DiskRun
+from hybrid_connector.bench.vllm_peers.step_queue import StepQueue
 
 
 @dataclass(frozen=True)
@@ -166,11 +167,19 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     tally = _Tally()
     peak = 0
     steps = 0
-    # async scheduling: two steps in flight, in ``EngineCore.step_with_batch_queue``'s order
-    # (step t+1 is scheduled, and run here, before step t's output is processed)
-    queue: deque[tuple[Any, Any]] = deque()
+    inflight = StepQueue(sched, runner, shape.async_scheduling)  # EngineCore's order of steps
     sched_s = 0.0
-    while pending or sched.has_unfinished_requests() or queue:
+
+    def schedule() -> Any:
+        # CPU time of this thread (vLLM's engine-core thread): other processes on a shared
+        # machine (--jobs) do not count, nor the connectors' own I/O threads
+        nonlocal sched_s
+        t0 = time.thread_time()
+        so = sched.schedule()
+        sched_s += time.thread_time() - t0
+        return so
+
+    while pending or sched.has_unfinished_requests() or inflight:
         while pending and running < shape.concurrency and session_of[pending[0][0]] not in busy:
             rid, prompt, n_out = pending.popleft()
             if shape.async_scheduling:  # ends at its last token as at an end-of-turn token
@@ -181,20 +190,13 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
             sched.add_request(req)
             busy.add(session_of[rid])
             running += 1
-        # CPU time of this thread (vLLM's engine-core thread): other processes on a shared
-        # machine (--jobs) do not count, nor the connectors' own I/O threads
-        if sched.has_requests():
-            t0 = time.thread_time()
-            so = sched.schedule()
-            sched_s += time.thread_time() - t0
-            queue.appendleft((so, runner.step(so)))
-            if shape.async_scheduling and len(queue) < 2:
-                continue
-        if not queue:
+        due = inflight.step(schedule)
+        if due is None:
+            if inflight:
+                continue  # the batch queue fills
             raise RunError(f"{p.name}: requests pending but nothing to schedule")
-        so, mro = queue.pop()
         t2 = time.thread_time()
-        eco = sched.update_from_output(so, mro)
+        eco = sched.update_from_output(*due)
         step_ms.append((time.thread_time() - t2 + sched_s) * 1e3)
         sched_s = 0.0
         settle()
@@ -212,9 +214,8 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         if steps > max_steps:
             raise RunError(f"{p.name}: not finished after {max_steps} steps")
     for _ in range(3):  # the last saves' reports come back
-        while queue:
-            so, mro = queue.pop()
-            tally.take(sched.update_from_output(so, mro))
+        for due in inflight.drain():
+            tally.take(sched.update_from_output(*due))
         so = sched.schedule()
         tally.take(sched.update_from_output(so, runner.step(so)))
         settle()

@@ -9,8 +9,8 @@ Every peer is loaded through vLLM's ``KVConnectorFactory`` from a ``KVTransferCo
   ``arc``; its other keys at their defaults, ``offload_prompt_only`` included);
 * ``simple``: vLLM's ``SimpleCPUOffloadConnector`` (``cpu_bytes_to_use`` = the budget);
 * ``ours``: ``HybridConnector`` with the shipped ``configs/vllm-qwen3_5.yaml`` (or
-  ``vllm-nemotron_h.yaml``) taken to scale: ``chunk_size`` two vLLM blocks,
-  ``hash_block_size`` / ``alignment`` one block, no disk, and ``pools.host`` the budget split
+  ``vllm-nemotron_h.yaml``) taken to scale: ``chunk_size`` as many vLLM blocks as the
+  shipped one (one), ``hash_block_size`` / ``alignment`` one block, no disk, and ``pools.host`` the budget split
   KV 24 : states 12 (the shipped split before ``kv_state``);
 * ``ours-pooled``: the same with ``pools.host.kv_state`` = the budget (one pool KV and
   states share, what the shipped configs set now): labelled "HybridConnector (ours)",
@@ -82,16 +82,31 @@ def ours_yaml(preset: str, block: int, budget: int, configs: Path, pooled: bool 
     ``pooled``: the host budget as one KV+state pool (``pools.host.kv_state``); else split
     KV 24 : states 12 (the shipped split before ``kv_state`` existed)."""
     cfg = yaml.safe_load((configs / SHIPPED[preset]).read_text())
+    chunk_blocks = shipped_chunk_blocks(preset, int(cfg["chunk_size"]))
     for k in ("local_disk", "max_local_disk_size", "disk_fsync", "disk_verify_reads", "remote_url"):
         cfg.pop(k, None)
     kv = int(budget * 24 / 36)
     host = ({"kv_state": f"{budget}B"} if pooled
             else {"kv": f"{kv}B", "state": f"{budget - kv}B", "anchor": "0B"})
-    cfg.update({"chunk_size": 2 * block, "hash_block_size": block, "alignment": block,
+    cfg.update({"chunk_size": chunk_blocks * block, "hash_block_size": block, "alignment": block,
                 "local_cpu": True, "max_local_cpu_size": f"{budget}B", "pools": {"host": host},
                 # the same decisions in every run (the tuner's worker never skips a request)
                 "shadow_deterministic": True})
     return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def shipped_chunk_blocks(preset: str, chunk_size: int) -> int:
+    """How many of vLLM 0.33's blocks for ``preset`` (bf16 on a GPU, align mode) a shipped
+    ``chunk_size`` spans; ValueError when it is not a whole number of them (the connector
+    would refuse to start: ``integrations.vllm.setup``)."""
+    from hybrid_connector.geometry.presets import get_preset
+    from hybrid_connector.geometry.scaled import cache_figures
+
+    block = cache_figures(get_preset(preset)).block_size
+    if chunk_size % block:
+        raise ValueError(f"{SHIPPED[preset]}: chunk_size {chunk_size} is not a multiple of "
+                         f"vLLM's block size {block} for {preset}")
+    return chunk_size // block
 
 
 def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs: Path,

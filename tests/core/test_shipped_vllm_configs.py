@@ -1,0 +1,33 @@
+"""The shipped vLLM configs start on the model they name: the connector refuses a
+``chunk_size`` that is not a multiple of vLLM's block (``integrations.vllm.setup``), and
+vLLM 0.33 aligns a hybrid model's block to its state page (``cache_figures``, checked
+against vLLM in ``test_geometry_scaled``). Nemotron-H 8B's block is 1,040 tokens: the
+``chunk_size: 2048`` shipped before made ``vllm serve`` fail at start-up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hybrid_connector.bench.vllm_peers.setups import SHIPPED, shipped_chunk_blocks
+from hybrid_connector.core.config import load_config
+from hybrid_connector.geometry.presets import get_preset
+from hybrid_connector.geometry.scaled import cache_figures
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("preset", sorted(SHIPPED))
+def test_the_shipped_chunk_is_one_vllm_block(preset: str) -> None:
+    cfg = load_config(CONFIGS / SHIPPED[preset], environ={})
+    block = cache_figures(get_preset(preset)).block_size
+    assert cfg.chunk_size % block == 0, (preset, cfg.chunk_size, block)
+    assert block % cfg.hash_block_size == 0 and block % cfg.alignment == 0
+    # one block: the grain vLLM hits at (docs/vllm_peers.md: chat, QA and Mooncake gain)
+    assert shipped_chunk_blocks(preset, cfg.chunk_size) == 1
+
+
+def test_a_chunk_off_the_block_grid_is_named() -> None:
+    with pytest.raises(ValueError, match="not a multiple of vLLM's block size 1040"):
+        shipped_chunk_blocks("nemotron-h-8b", 2048)

@@ -4,7 +4,7 @@ vLLM's own ``OffloadingConnector`` (CPU tier), over the same fixed-seed trace.
 
 HybridConnector runs twice, with the shipped ``configs/vllm-nemotron_h.yaml`` taken to the
 benchmark's scale as the head-to-head does (``hybrid_connector.bench.vllm_peers.setups``:
-``chunk_size`` two blocks, ``hash_block_size`` / ``alignment`` one block, no disk):
+``chunk_size``, ``hash_block_size`` and ``alignment`` one block, no disk):
 ``hybrid`` with the host tier as one KV+state budget (``pools.host.kv_state``, what the
 shipped configs set) and ``hybrid-split`` with it split KV 24 : states 12.
 

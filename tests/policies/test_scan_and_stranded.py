@@ -102,3 +102,34 @@ def test_the_shipped_vllm_configs_build_a_scan_resistant_eviction() -> None:
         cfg = load_config(root / name, environ={})
         assert cfg.scan_resistant, name
         assert marconi_options(cfg)["scan_resistant"] is True, name
+
+
+def test_a_shared_prefix_state_waits_while_leaves_of_the_other_class_can_go() -> None:
+    """The guard's class first (the unproven) holds no leaf state to give, only the state at
+    a branch point: the system prompt's, under every session's chain. The victim is a
+    leaf's state of the other class. Before, the class-restricted ranking fell through to
+    its O(N) fallback and took the system prompt's state: the head-to-head's chat at 1x
+    reached this with 48 proven leaf states and the four system prompts' states unproven,
+    and later sessions and turns whose own chain was gone recomputed from token 0."""
+    pol = MarconiEviction(alpha=0.0, refresh_path=False, scan_resistant=True)
+    sim = Simulator(CFG, GEO, Budget.pooled(1 << 40), eviction=pol)
+    try:
+        rng = np.random.default_rng(0)
+        first = [np.r_[SYSTEM, rng.integers(0, 30_000, 1024)] for _ in range(2)]
+        out = np.arange(8) + 7
+        for p in first:
+            sim.step(p, out)
+        for p in first:
+            assert sim.step(np.r_[p, out, rng.integers(0, 30_000, 64)], out).hit > len(SYSTEM)
+        tree = sim.cache.index.tree
+        shared = tree.match(SYSTEM).node
+        assert shared.depth == len(SYSTEM) and shared.state is not None and len(shared.children) == 2
+        # the guard's state in that run: every leaf state proven, the unproven over room
+        pol.guard.proven |= {n.id for n in tree.nodes()
+                             if n.state is not None and len(n.children) <= 1}
+        pol.guard._room = 0.0
+        assert pol.guard.victim_class() is False
+        victim = pol.next_victim(ObjectKind.STATE)
+        assert victim is not None and victim is not shared and len(victim.children) <= 1
+    finally:
+        sim.close()

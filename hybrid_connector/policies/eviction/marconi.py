@@ -250,7 +250,10 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         times, effs = self._by_time[kind], self._by_eff[kind]
         t_ends = self._evictable_ends(times, kind)
         if t_ends is None:
-            return self._fallback(kind)
+            # a branch point's state only once no class has a candidate left: the guard's
+            # class first (``_only``) must not take a shared prefix's state while the
+            # other class still has leaves to give
+            return self._fallback(kind) if self._only is None else None
         now, alpha = self._now, self.alpha
         if alpha == 0.0:
             # Utility is normalised recency alone: the minimum is the first evictable entry

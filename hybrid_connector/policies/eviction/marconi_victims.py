@@ -129,7 +129,8 @@ class VictimRules:
                                           or self.guard.is_proven(node) is self._only)
 
     def _choose_guarded(self, kind: ObjectKind) -> Node | None:
-        """``_choose`` over the class the guard evicts first, then over both."""
+        """``_choose`` over the class the guard evicts first, then over both; a state at a
+        branch point (``_fallback``) is taken only in the pass over both."""
         if self.scan_resistant and kind is not ObjectKind.ANCHOR:
             self._only = self.guard.victim_class()
             if self._only is None:

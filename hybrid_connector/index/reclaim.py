@@ -181,7 +181,10 @@ class Reclaimer:
     def tidy_new(self, leaf: Node, first_new: int) -> Node:
         """Undo what ``insert`` created for a save but nothing uses: object-less leaves
         made by this save go, and a node this save split off folds back into its child.
-        Returns the deepest surviving node of the path."""
+        Returns the deepest surviving node of the path: when the split-off node folded,
+        its parent. (Its child lies past the path's end, on the other request's tokens: a
+        walk resumed there, ``begin_save(start=ticket.leaf)``, would hang this request's
+        objects on that request's path.)"""
         ix = self.ix
         cur = leaf
         while (cur.id >= first_new and ix.tree.can_remove(cur) and not cur.kv
@@ -191,10 +194,12 @@ class Reclaimer:
             assert parent is not None
             cur = parent
         if cur.id >= first_new and ix.tree.can_merge(cur) and not ix.table.busy(cur):
-            nid = cur.id
-            cur = ix.tree.merge_into_child(cur)
+            nid, parent = cur.id, cur.parent
+            child = ix.tree.merge_into_child(cur)
             ix.eviction.on_remove(nid)
-            ix.eviction.on_change(cur)
+            ix.eviction.on_change(child)
+            assert parent is not None
+            cur = parent
         return cur
 
     def apply(self, placement: Placement) -> Effects:

@@ -69,3 +69,40 @@ def test_resumed_walk_gives_the_root_walks_saves(seed: int) -> None:
     assert evicted and resumed > 20  # the walks resumed, through evictions
     for c in caches:
         c.check_integrity()
+
+
+def test_a_save_that_adds_nothing_past_a_split_resumes_on_its_own_path() -> None:
+    """Request b's first save ends where its tokens leave request a's path and adds
+    nothing (its chunks are a's): the node it split off a's edge folds back into a's
+    node, and the ticket's ``leaf`` was that node, on a's path. b's next save then resumed
+    its walk there and hung b's KV and state on a's path: a lookup of either served the
+    other's bytes (vLLM's head-to-head runner read wrong KV at chat with one-block
+    chunks). The leaf must be a node on b's own path."""
+    rng = np.random.default_rng(0)
+    shared = rng.integers(0, 6, 2 * CHUNK)
+    a = np.r_[shared, rng.integers(10, 16, 2 * CHUNK)].astype(np.int64)
+    b = np.r_[shared, rng.integers(20, 26, 2 * CHUNK)].astype(np.int64)
+    caches = [make_cache(), make_cache()]
+    shapes = []
+    for c, resume in zip(caches, (True, False), strict=True):
+        ix = c.index
+        ta = ix.begin_save(a, specs_for(0, a.size, [a.size]))
+        ix.complete_save(ta, list(range(len(ta.ops))), [True] * len(ta.ops))
+        tb = ix.begin_save(b, specs_for(0, shared.size, []))
+        assert not any(tb.keys)  # every chunk is a's already
+        node = ix.tree.node(tb.leaf[0])
+        assert node is not None
+        assert np.array_equal(ix.tree.tokens_to(node), b[: node.depth])
+        tb2 = ix.begin_save(b, specs_for(shared.size, b.size, [b.size]),
+                            start=tb.leaf if resume else None)
+        ix.complete_save(tb2, list(range(len(tb2.ops))), [True] * len(tb2.ops))
+        leaf = ix.tree.node(tb2.leaf[0])
+        assert leaf is not None and np.array_equal(ix.tree.tokens_to(leaf), b[: leaf.depth])
+        for toks, other in ((a, tb2), (b, ta)):  # neither serves the other's objects
+            plan = ix.lookup(np.r_[toks, 0], alignment=1)
+            assert plan.num_tokens == toks.size and plan.state is not None
+            past = {k for k in other.keys if k is not None and k.end > shared.size}
+            assert not {o.ref.key for o in plan.objects} & past
+        shapes.append(tree_shape(ix))
+        c.check_integrity()
+    assert shapes[0] == shapes[1]

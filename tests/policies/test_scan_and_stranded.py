@@ -6,11 +6,13 @@ prefixes reused in a cycle a little longer than the budget still hit
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hybrid_connector.core.config import load_config
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.presets import get_preset
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
+from hybrid_connector.policies.eviction.marconi_fullwalk import FullWalkMarconi
 from hybrid_connector.policies.eviction.stranded import is_stranded
 from hybrid_connector.runtime.simulator import Simulator
 from hybrid_connector.tiers.size_only import Budget
@@ -104,14 +106,17 @@ def test_the_shipped_vllm_configs_build_a_scan_resistant_eviction() -> None:
         assert marconi_options(cfg)["scan_resistant"] is True, name
 
 
-def test_a_shared_prefix_state_waits_while_leaves_of_the_other_class_can_go() -> None:
+@pytest.mark.parametrize("policy", [MarconiEviction, FullWalkMarconi])
+def test_a_shared_prefix_state_waits_while_leaves_of_the_other_class_can_go(
+        policy: type[MarconiEviction]) -> None:
     """The guard's class first (the unproven) holds no leaf state to give, only the state at
     a branch point: the system prompt's, under every session's chain. The victim is a
     leaf's state of the other class. Before, the class-restricted ranking fell through to
     its O(N) fallback and took the system prompt's state: the head-to-head's chat at 1x
     reached this with 48 proven leaf states and the four system prompts' states unproven,
-    and later sessions and turns whose own chain was gone recomputed from token 0."""
-    pol = MarconiEviction(alpha=0.0, refresh_path=False, scan_resistant=True)
+    and later sessions and turns whose own chain was gone recomputed from token 0. The
+    O(N) reference (``FullWalkMarconi``) chooses alike."""
+    pol = policy(alpha=0.0, refresh_path=False, scan_resistant=True)
     sim = Simulator(CFG, GEO, Budget.pooled(1 << 40), eviction=pol)
     try:
         rng = np.random.default_rng(0)

@@ -10,8 +10,8 @@ Every peer is loaded through vLLM's ``KVConnectorFactory`` from a ``KVTransferCo
 * ``simple``: vLLM's ``SimpleCPUOffloadConnector`` (``cpu_bytes_to_use`` = the budget);
 * ``ours``: ``HybridConnector`` with the shipped ``configs/vllm-qwen3_5.yaml`` (or
   ``vllm-nemotron_h.yaml``) taken to scale: ``chunk_size`` as many vLLM blocks as the
-  shipped one (one), ``hash_block_size`` / ``alignment`` one block, no disk, and ``pools.host`` the budget split
-  KV 24 : states 12 (the shipped split before ``kv_state``);
+  shipped one (one), ``hash_block_size`` / ``alignment`` one block, no disk, and
+  ``pools.host`` the budget split KV 24 : states 12 (the shipped split before ``kv_state``);
 * ``ours-pooled``: the same with ``pools.host.kv_state`` = the budget (one pool KV and
   states share, what the shipped configs set now): labelled "HybridConnector (ours)",
   the split variant "HybridConnector, split pools".

@@ -250,10 +250,7 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
         times, effs = self._by_time[kind], self._by_eff[kind]
         t_ends = self._evictable_ends(times, kind)
         if t_ends is None:
-            # a branch point's state only once no class has a candidate left: the guard's
-            # class first (``_only``) must not take a shared prefix's state while the
-            # other class still has leaves to give
-            return self._fallback(kind) if self._only is None else None
+            return self._fallback(kind)
         now, alpha = self._now, self.alpha
         if alpha == 0.0:
             # Utility is normalised recency alone: the minimum is the first evictable entry
@@ -297,8 +294,10 @@ class MarconiEviction(VictimRules, TunedSetting, EvictionPolicy):
 
     def _fallback(self, kind: ObjectKind) -> Node | None:
         """No evictable candidate with <= 1 child: the least recent evictable holder of
-        ``kind`` anywhere (an O(N) walk, only when the candidate lists are exhausted)."""
-        if kind is not ObjectKind.STATE:
+        ``kind`` anywhere (an O(N) walk, only when the candidate lists are exhausted). None
+        in a pass restricted to the guard's class (``_only``): a branch point's state (a
+        shared prefix's) goes only once no class has a candidate left."""
+        if kind is not ObjectKind.STATE or self._only is not None:
             return None
         best: tuple[float, int] | None = None
         out = None

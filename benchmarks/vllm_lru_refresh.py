@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--traces", help="comma-separated traces (default: the sweep's)")
     p.add_argument("--multiples", help="comma-separated host budgets (default 0.25,1,4)")
     p.add_argument("--peers", default="none,offload-lru,offload-arc,simple,ours-pooled")
+    p.add_argument("--concurrency", type=int, help="requests at once (default: the sweep's)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     a = p.parse_args(argv)
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     traces = a.traces.split(",") if a.traces else list(cfg.traces)
     cfg = dataclasses.replace(
         cfg, traces={t: cfg.traces[t] for t in traces}, peers=tuple(a.peers.split(",")),
-        multiples=tuple(float(m) for m in (a.multiples or "0.25,1,4").split(",")))
+        multiples=tuple(float(m) for m in (a.multiples or "0.25,1,4").split(",")),
+        concurrency=a.concurrency or cfg.concurrency)
     shipped = _rows(cfg)
     _refresh_skipped()
     changed = _rows(cfg)
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text, end="")
     dest = Path(a.out)
     dest.mkdir(parents=True, exist_ok=True)
-    stem = "vllm_lru_refresh" + ("_quick" if a.quick else "")
+    stem = "vllm_lru_refresh" + ("_quick" if a.quick else "") + (
+        "_one_at_a_time" if a.concurrency == 1 else "")
     (dest / f"{stem}.txt").write_text(text)
     (dest / f"{stem}.json").write_text(json.dumps({"config": dataclasses.asdict(cfg),
                                                    "rows": out}, indent=1) + "\n")

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import io
 import json
 import os
 import sys
@@ -69,11 +68,13 @@ def _refresh_skipped() -> None:
         cls.add_local_computed_blocks)
 
 
-def _rows(cfg: Any) -> list[dict[str, Any]]:
+def _rows(cfg: Any, phase: str) -> list[dict[str, Any]]:
+    """The sweep's rows; its progress lines go to stderr, headed by ``phase``."""
     from hybrid_connector.bench.vllm_peers import sweep as vp
 
-    with redirect_stdout(io.StringIO()):  # the sweep's own progress lines
-        doc = vp.run_sweep(cfg, progress=False)
+    print(f"{phase}:", file=sys.stderr, flush=True)
+    with redirect_stdout(sys.stderr):
+        doc = vp.run_sweep(cfg, progress=True)
     return list(doc["rows"])
 
 
@@ -98,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg, traces={t: cfg.traces[t] for t in traces}, peers=tuple(a.peers.split(",")),
         multiples=tuple(float(m) for m in (a.multiples or "0.25,1,4").split(",")),
         concurrency=a.concurrency or cfg.concurrency)
-    shipped = _rows(cfg)
+    shipped = _rows(cfg, "vLLM as shipped")
     _refresh_skipped()
-    changed = _rows(cfg)
+    changed = _rows(cfg, "vLLM with the skipped local-hit blocks refreshed")
     lines = ["Token hit rate in vLLM 0.33.0's Scheduler as shipped and with the local-hit "
              "blocks it skips refreshed in its LRU (benchmarks/vllm_lru_refresh.py).",
              f"{'trace':16s} {'budget':>6s}  {'connector':30s} {'shipped':>8s} "

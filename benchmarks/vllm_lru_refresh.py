@@ -13,14 +13,16 @@ prompt ends before the next block boundary leaves no fresher device state behind
 conversation's next turn can find vLLM's state evicted. ``--quick``'s multi-round QA at 1x
 shows it: 7 requests fall from vLLM's own 192-token hit to 32.
 
-The change tried here (``_refresh_skipped``): when external tokens follow a local hit, take
+The change tried here (``refreshing``): when external tokens follow a local hit, take
 the skipped local-hit blocks and give them back at once (``BlockPool.touch`` then
 ``free_blocks``), which moves them to the most-recent end of vLLM's free queue and holds
 nothing. vLLM's decisions are otherwise unchanged; the same runner checks every byte.
 
 Run: ``.venv/bin/python benchmarks/vllm_lru_refresh.py [--quick] [--traces T,..]
-[--multiples M,..] [--peers P,..]``. Prints each row's hit rate under both vLLMs and the
-difference; writes ``benchmarks/results/vllm_lru_refresh[_quick].{json,txt}``.
+[--multiples M,..] [--peers P,..] [--concurrency N]``. Prints each row's hit rate under
+both vLLMs and the difference (the sweeps' progress on stderr); writes
+``benchmarks/results/vllm_lru_refresh[_quick][_one_at_a_time].{json,txt}``. A wrong byte
+read back stops the run with the runner's error.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def _rows(cfg: Any, phase: str) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="the quick sweep's traces (~1 min)")
+    p.add_argument("--quick", action="store_true", help="the quick sweep's traces (~3 min)")
     p.add_argument("--traces", help="comma-separated traces (default: the sweep's)")
     p.add_argument("--multiples", help="comma-separated host budgets (default 0.25,1,4)")
     p.add_argument("--peers", default="none,offload-lru,offload-arc,simple,ours-pooled")

@@ -99,3 +99,18 @@ def test_under_async_scheduling_every_hit_is_vllms_and_checked_and_answers_are_r
     assert ours["ours"]["failed_loads"] == 0 and ours["ours"]["hits_without_state"] == 0
     assert ours["hit_rate"] > rows["offload-lru"]["hit_rate"] > rows["none"]["hit_rate"]
     assert "AsyncScheduler" in rep.text(doc)
+
+
+def test_a_sweep_without_a_work_directory_leaves_nothing_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``work`` the sweep writes its model config and rows to a temporary
+    directory of its own and removes it when done. Before, every ``bench vllm-peers``
+    run (and ``benchmarks/vllm_lru_refresh.py``, twice per run) left one in ``/tmp``."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    cfg = vp.PeersConfig(traces={"multiround_qa": (4, 2)}, multiples=(1.0,), concurrency=1,
+                         peers=("none",))
+    doc = vp.run_sweep(cfg, progress=False, configs=ROOT / "configs")
+    assert [r["peer"] for r in doc["rows"]] == ["none"]
+    assert list(tmp_path.iterdir()) == []

@@ -56,7 +56,8 @@ def add_parser(bsub: Any) -> None:
                                        "working set (default 0.25,0.5,1,2,4)")
     c.add_argument("--work", help="directory for the model config and each run's rows as they "
                                   "finish, with every request's prompt, hit and external hit "
-                                  "tokens (rows-TRACE.jsonl; default: a new temporary directory)")
+                                  "tokens (rows-TRACE.jsonl; default: a temporary directory, "
+                                  "removed at the end)")
     c.add_argument("--async-scheduling", action="store_true",
                    help="vLLM's AsyncScheduler (its default on a GPU): each step is scheduled "
                         "before the previous one's output is processed")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 import tempfile
 import time
@@ -97,24 +98,35 @@ def _device_blocks(records: list[dict[str, Any]], block: int, groups: int, live_
 def run_sweep(cfg: PeersConfig, *, progress: bool = True, work: Path | None = None,
               configs: Path = Path("configs"), jobs: int = 1) -> dict[str, Any]:
     """Every trace x budget x peer (``none`` once per trace); returns the results document.
+    ``work``: where the model config and each trace's rows (``rows-TRACE.jsonl``) go; None:
+    a temporary directory, removed at the end.
     ``jobs`` > 1 runs that many traces at once, each in its own process (every run inside
     one trace stays sequential, so one trace's figures never share a process)."""
     from hybrid_connector.bench.vllm_peers import engine as eng
     from hybrid_connector.geometry.scaled import cpu_exact_divisor
 
     t0 = time.perf_counter()
-    root = Path(work or tempfile.mkdtemp(prefix="vllm-peers-"))
-    divisor = cpu_exact_divisor(cfg.preset, cfg.divisor_near)
-    model_dir, sg = eng.write_model(cfg.preset, divisor, root)
-    args = [(cfg, t, root, model_dir, configs, progress) for t in cfg.traces]
-    if jobs > 1 and len(args) > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
-
-        with ProcessPoolExecutor(min(jobs, len(args)), mp_context=mp.get_context("spawn")) as ex:
-            done = list(ex.map(_run_trace, args))
+    made: Path | None = None
+    if work is None:
+        made = root = Path(tempfile.mkdtemp(prefix="vllm-peers-"))  # removed at the end
     else:
-        done = [_run_trace(a) for a in args]
+        root = Path(work)
+    try:
+        divisor = cpu_exact_divisor(cfg.preset, cfg.divisor_near)
+        model_dir, sg = eng.write_model(cfg.preset, divisor, root)
+        args = [(cfg, t, root, model_dir, configs, progress) for t in cfg.traces]
+        if jobs > 1 and len(args) > 1:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+
+            with ProcessPoolExecutor(min(jobs, len(args)),
+                                     mp_context=mp.get_context("spawn")) as ex:
+                done = list(ex.map(_run_trace, args))
+        else:
+            done = [_run_trace(a) for a in args]
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
     geom = sg.geometry
     rows = [r for _, _, rows in done for r in rows]
     ttft.best_vllm_ratios(rows, HOST_PEERS)

@@ -33,7 +33,6 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +74,7 @@ def _rows(cfg: Any, phase: str) -> list[dict[str, Any]]:
     from hybrid_connector.bench.vllm_peers import sweep as vp
 
     print(f"{phase}:", file=sys.stderr, flush=True)
-    with redirect_stdout(sys.stderr):
-        doc = vp.run_sweep(cfg, progress=True)
-    return list(doc["rows"])
+    return list(vp.run_sweep(cfg, progress=True)["rows"])
 
 
 def main(argv: list[str] | None = None) -> int:

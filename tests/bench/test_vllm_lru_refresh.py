@@ -5,13 +5,12 @@ of vLLM's free queue while holding nothing. Real vLLM ``BlockPool`` and ``MambaM
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from script_loader import load_script
 
 pytest.importorskip("vllm")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -23,15 +22,6 @@ from vllm.v1.core.kv_cache_utils import BlockHash, make_block_hash_with_group_id
 from vllm.v1.kv_cache_interface import MambaSpec  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_lru_refresh.py"
-
-
-def _bench() -> Any:
-    spec = importlib.util.spec_from_file_location("vllm_lru_refresh", BENCH)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("vllm_lru_refresh", mod)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _cached_pool() -> tuple[BlockPool, stm.MambaManager, list[Any]]:
@@ -68,7 +58,7 @@ def test_external_tokens_past_the_hit_leave_vllms_state_block_untouched() -> Non
 def test_the_what_if_change_refreshes_it_and_holds_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     cls = stm.SingleTypeKVCacheManager
     monkeypatch.setattr(cls, "add_local_computed_blocks",
-                        _bench().refreshing(cls.add_local_computed_blocks))
+                        load_script(BENCH).refreshing(cls.add_local_computed_blocks))
     pool, mgr, blocks = _cached_pool()
     before = _free_order(pool)
     mgr.add_local_computed_blocks("r", [mgr._null_block, blocks[1]], 64, 9)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from hybrid_connector.sim.traces import GENERATORS
 
@@ -15,12 +14,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def pg():
-    spec = importlib.util.spec_from_file_location("policy_gaps", BENCH / "policy_gaps.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("policy_gaps", mod)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH / "policy_gaps.py")
 
 
 @pytest.mark.parametrize(("variant", "alpha"), [("xalpha=8", 8.0), ("alpha=2", 2.0),

@@ -5,21 +5,15 @@ read, and no tier ever above its budget (STATS sampled throughout and at the end
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from script_loader import load_script
 from server_support import ROOT, served
 
 from hybrid_connector.remote.client import admin
 
-_spec = importlib.util.spec_from_file_location("server_load",
-                                               ROOT / "benchmarks" / "server_load.py")
-assert _spec is not None and _spec.loader is not None
-load = importlib.util.module_from_spec(_spec)
-sys.modules["server_load"] = load
-_spec.loader.exec_module(load)
+load = load_script(ROOT / "benchmarks" / "server_load.py")
 
 KiB = 1 << 10
 SIZES = {"anchor": 16 * KiB, "kv": 256 * KiB, "state": 1 << 20}

@@ -65,6 +65,9 @@ class StateTable:
     def __init__(self, max_kv_len: int = 0) -> None:
         self._where: dict[ObjectKey, int] = {}  # key -> id of the node holding its ref
         self._pending: set[ObjectKey] = set()   # indexed, put in flight: not loadable yet
+        # node id -> how many pending keys it holds: ``busy`` in O(1), not one test per ref
+        # (eviction asks it of every candidate it scans)
+        self._busy: Counter[int] = Counter()
         self._doomed: set[ObjectKey] = set()    # lost while leased: unindexed at release
         self._leases: dict[int, Lease] = {}
         self._leased: Counter[ObjectKey] = Counter()
@@ -100,10 +103,16 @@ class StateTable:
 
     def busy(self, node: Node) -> bool:
         """Does ``node`` hold an object whose put is in flight? (never evicted or merged)"""
-        if not self._pending:
-            return False
-        refs = [*node.kv.values(), *node.anchors.values(), *([node.state] if node.state else [])]
-        return any(r.key in self._pending for r in refs)
+        return self._busy.get(node.id, 0) > 0
+
+    def _pending_at(self, node_id: int | None, delta: int) -> None:
+        if node_id is None:
+            return
+        n = self._busy[node_id] + delta
+        if n:
+            self._busy[node_id] = n
+        else:
+            del self._busy[node_id]
 
     def is_doomed(self, key: ObjectKey) -> bool:
         return key in self._doomed
@@ -135,7 +144,11 @@ class StateTable:
     def index_ready(self, key: ObjectKey, node_id: int) -> None:
         """``key`` is indexed, loadable, at node ``node_id`` (a warm restart's or another
         instance's object, or one the tree moved; see ``moved``)."""
+        old = self._where.get(key)
         self._where[key] = node_id
+        if old != node_id and key in self._pending:
+            self._pending_at(old, -1)
+            self._pending_at(node_id, 1)
         if key.kind is ObjectKind.KV:
             self.max_kv_len = max(self.max_kv_len, key.end - key.start)
 
@@ -144,12 +157,18 @@ class StateTable:
         longer doomed: this save replaces what was lost)."""
         self.index_ready(key, node_id)
         self._doomed.discard(key)
-        self._pending.add(key)
+        if key not in self._pending:
+            self._pending.add(key)
+            self._pending_at(node_id, 1)
 
     def moved(self, node: Node, refs: Iterable[ObjectRef]) -> None:
         """The tree moved ``refs`` to ``node`` (a split or a merge): their placement follows."""
         for r in refs:
+            old = self._where.get(r.key)
             self._where[r.key] = node.id
+            if old != node.id and r.key in self._pending:
+                self._pending_at(old, -1)
+                self._pending_at(node.id, 1)
 
     def landed(self, key: ObjectKey) -> int | None:
         """``key``'s put succeeded: loadable from now. The node holding it, when it was
@@ -157,7 +176,9 @@ class StateTable:
         if key not in self._pending:
             return None
         self._pending.discard(key)
-        return self._where[key]
+        node_id = self._where[key]
+        self._pending_at(node_id, -1)
+        return node_id
 
     def doom(self, key: ObjectKey) -> None:
         """The tiers lost ``key`` while a lease holds it: never planned again, unindexed
@@ -172,8 +193,10 @@ class StateTable:
 
     def forget(self, key: ObjectKey) -> None:
         """``key`` is no longer indexed (pending, doomed or ready). Unknown keys: no-op."""
-        self._where.pop(key, None)
-        self._pending.discard(key)
+        node_id = self._where.pop(key, None)
+        if key in self._pending:
+            self._pending.discard(key)
+            self._pending_at(node_id, -1)
         self._doomed.discard(key)
 
     # ------------------------------------------------------------------ leases
@@ -223,6 +246,8 @@ class StateTable:
             raise IntegrityError("a pending key is not indexed")
         if not self._doomed <= self._where.keys():
             raise IntegrityError("a doomed key is not indexed")
+        if +Counter(self._where[k] for k in self._pending) != +self._busy:
+            raise IntegrityError("the pending keys counted per node do not match the placement")
         want: Counter[ObjectKey] = Counter()
         for lease in self._leases.values():
             want.update(lease.keys)

@@ -39,8 +39,13 @@ OffloadingConnector its ``OffloadingConnectorScheduler`` and ``CPUOffloadingMana
 a deterministic proxy of the connector's CPU, printed per step with the ratio of each
 HybridConnector setting to OffloadingConnector and stored in the rows (``ops_per_step``,
 ``ops_by_method``); timing is not taken in those runs.
-Writes ``vllm_scheduler_cost_c<concurrency>[_quick].json`` under ``--out`` (default
-``benchmarks/results``).
+``--host-mb`` below the default 32 makes the host tier evict (the steady state of a server
+that has run a while). ``--wall`` runs HybridConnector with the shipped tuner settings
+(``shadow_deterministic: false``, ``shadow_cpu_share``): its auto-alpha twin caches step on
+a thread of the same process, which the engine's thread waits on for the interpreter lock,
+and only wall time shows that (CPU time runs the tuner deterministic, so digests compare).
+Writes ``vllm_scheduler_cost_c<concurrency>[_async][_host<MB>mb][_wall][_quick].json``
+under ``--out`` (default ``benchmarks/results``).
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ from sched_ops import OpCounter  # noqa: E402
 from hybrid_connector.bench.vllm_peers.step_queue import StepQueue  # noqa: E402
 from hybrid_connector.sim.traces_engine import agentic_branch  # noqa: E402
 
+HOST_MB = 32  # holds the whole trace: no eviction (results without a _host suffix)
 CONNECTORS = ("none", "hybrid", "hybrid-split", "offloading")
 LABELS = {"none": "no connector", "hybrid": "HybridConnector, pooled budget (shipped)",
           "hybrid-split": "HybridConnector, KV / state split",
@@ -178,8 +184,10 @@ def configs(root: Path, args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
     yamls = {}
     for name in HYBRID:
         yamls[name] = root / f"{name}.yaml"
+        # wall time: the shipped tuner settings, whose worker thread shares the interpreter
+        # lock with the engine's; CPU time: deterministic, so decision digests compare
         yamls[name].write_text(ours_yaml("nemotron-h-8b", s.BLOCK, host, ROOT / "configs",
-                                         pooled=name == "hybrid"))
+                                         pooled=name == "hybrid", deterministic=not args.wall))
     model = s.tiny_nemotron_h(root)
     out = {}
     for name in CONNECTORS:
@@ -325,7 +333,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32, help="requests running at once")
     ap.add_argument("--blocks", type=int, default=1200, help="device KV blocks")
     ap.add_argument("--batch-tokens", type=int, default=2048, help="tokens per step")
-    ap.add_argument("--host-mb", type=int, default=32, help="host tier (MB), every connector")
+    ap.add_argument("--host-mb", type=int, default=HOST_MB,
+                    help="host tier (MB), every connector (below 32 the host evicts: the steady "
+                         "state of a long-running server)")
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds; each connector's run with the lowest mean is reported")
     ap.add_argument("--only", choices=CONNECTORS, action="append", help="run only these")
@@ -403,7 +413,8 @@ def main() -> None:
         st.sort_stats("tottime").print_stats(25)
         print(buf.getvalue())
     name = (f"vllm_scheduler_cost_c{args.concurrency}{'_async' if args.async_scheduling else ''}"
-            f"{'_quick' if args.quick else ''}.json")
+            f"{f'_host{args.host_mb}mb' if args.host_mb != HOST_MB else ''}"
+            f"{'_wall' if args.wall else ''}{'_quick' if args.quick else ''}.json")
     out = (args.out or ROOT / "benchmarks" / "results") / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()

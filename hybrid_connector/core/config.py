@@ -111,8 +111,7 @@ class HybridConfig(Strict):
     # alpha: auto: twin caches per candidate (tuning/shadow.py) or replayed windows (grid.py)
     alpha_tuner: Literal["shadow", "window"] = "shadow"
     # the shadow tuner's starting grid when alpha_grid is unset (it may extend it)
-    shadow_alphas: tuple[NonNegFinite, ...] = Field((0.0, 0.5, 2.0, 8.0, 32.0), min_length=1,
-                                                    strict=False)
+    shadow_alphas: tuple[NonNegFinite, ...] = Field((0.0, 0.5, 2.0, 8.0, 32.0), min_length=1, strict=False)  # noqa: E501
     shadow_lru: bool = True  # offer LRU with whole-path refresh (SGLang-style) as a candidate
     shadow_z: float = Field(3.0, ge=0.0, allow_inf_nan=False)  # standard errors a switch needs
     # ... in the first shadow_early_requests after the first eviction (lateness costs hits)
@@ -122,6 +121,7 @@ class HybridConfig(Strict):
     # how candidates combine recency and FLOPs/byte: Marconi's sum, the aging product, or both
     shadow_score: Literal["sum", "product", "both"] = "both"
     shadow_deterministic: bool = True  # never skip; decide at fixed counts (tuning/shadow.py)
+    shadow_cpu_share: float = Field(1.0, gt=0.0, le=1.0)  # worker CPU / wall, when not deterministic
     # KV and states in one budget: which kind gives up bytes. "kind_order": the kind being
     # saved first; "utility": whichever best victim has the lower Marconi utility.
     pooled_eviction: Literal["kind_order", "utility"] = "kind_order"

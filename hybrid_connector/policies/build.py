@@ -103,7 +103,8 @@ def shadow_options(config: HybridConfig, background: bool = True) -> dict[str, o
     opts: dict[str, object] = {"offered": offered, "start": start, "z": config.shadow_z,
                                "z_early": config.shadow_z_early,
                                "early": config.shadow_early_requests, "background": background,
-                               "deterministic": config.shadow_deterministic}
+                               "deterministic": config.shadow_deterministic,
+                               "cpu_share": config.shadow_cpu_share}
     if config.alpha_grid is not None:
         opts["max_alpha"] = max(config.alpha_grid)
     return opts

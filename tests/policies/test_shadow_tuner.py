@@ -160,11 +160,58 @@ def test_a_worker_behind_skips_requests_for_every_shadow_and_close_drops_the_que
     assert len({tw.steps for tw in twins}) == 1 and twins[0].steps <= 8
 
 
+class Burning(Scripted):
+    """A twin whose step takes ``burn`` seconds of its thread's CPU time."""
+
+    burn = 0.002
+    cpu = 0.0  # CPU seconds all twins spent stepping
+    first: float | None = None  # wall clock of the first step's start
+
+    def step(self, request: TunerRequest) -> float:
+        import time
+
+        if Burning.first is None:
+            Burning.first = time.perf_counter()
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < self.burn:
+            pass
+        Burning.cpu += time.thread_time() - t0
+        return super().step(request)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cpu_share_bounds_the_workers_cpu_unless_deterministic(deterministic) -> None:
+    """With ``cpu_share`` the worker sleeps off CPU time beyond that share of the wall time
+    since its first step (what it cannot keep up with is skipped), so an engine thread in
+    the same process waits on it for at most that share; a deterministic tuner never
+    skips, and ignores it."""
+    import time
+
+    Burning.cpu, Burning.first = 0.0, None
+    share = 0.05  # a 2 ms step then owes ~38 ms of sleep: no machine is that slow
+    t = ShadowTuner(lambda c: Burning(c, lambda c: 1.0), candidates((1.0,)),
+                    background=True, max_backlog=4, deterministic=deterministic,
+                    cpu_share=share)
+    for _ in range(30):
+        t.record(np.arange(3, 20), 10)
+    t.drain()
+    elapsed = time.perf_counter() - (Burning.first or 0.0)
+    t.close()
+    if deterministic:
+        assert t.slept_s == 0 and t.skipped == 0
+        return
+    assert t.slept_s > 0 and t.skipped > 0
+    assert Burning.cpu <= share * elapsed * 1.05 + Burning.burn
+
+
 def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError):
         ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), ())
     with pytest.raises(ValueError, match="start"):
         ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), candidates((0.0,)), start=Candidate(3.0))
+    for share in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="cpu_share"):
+            ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), cpu_share=share)
     t = ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), background=False)
     with pytest.raises(ValueError):
         t.record(np.arange(5), 0)

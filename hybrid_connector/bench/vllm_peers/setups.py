@@ -77,10 +77,13 @@ class Peer:
     transfer: dict[str, Any] | None
 
 
-def ours_yaml(preset: str, block: int, budget: int, configs: Path, pooled: bool = False) -> str:
+def ours_yaml(preset: str, block: int, budget: int, configs: Path, pooled: bool = False,
+              deterministic: bool = True) -> str:
     """The shipped config for ``preset`` taken to the benchmark's scale (module docstring):
     ``pooled``: the host budget as one KV+state pool (``pools.host.kv_state``); else split
-    KV 24 : states 12 (the shipped split before ``kv_state`` existed)."""
+    KV 24 : states 12 (the shipped split before ``kv_state`` existed). ``deterministic``:
+    the tuner's worker never skips a request (the same decisions in every run); False keeps
+    the shipped tuner settings (it skips what it cannot keep up with)."""
     cfg = yaml.safe_load((configs / SHIPPED[preset]).read_text())
     chunk_blocks = shipped_chunk_blocks(preset, int(cfg["chunk_size"]))
     for k in ("local_disk", "max_local_disk_size", "disk_fsync", "disk_verify_reads", "remote_url"):
@@ -89,9 +92,9 @@ def ours_yaml(preset: str, block: int, budget: int, configs: Path, pooled: bool 
     host = ({"kv_state": f"{budget}B"} if pooled
             else {"kv": f"{kv}B", "state": f"{budget - kv}B", "anchor": "0B"})
     cfg.update({"chunk_size": chunk_blocks * block, "hash_block_size": block, "alignment": block,
-                "local_cpu": True, "max_local_cpu_size": f"{budget}B", "pools": {"host": host},
-                # the same decisions in every run (the tuner's worker never skips a request)
-                "shadow_deterministic": True})
+                "local_cpu": True, "max_local_cpu_size": f"{budget}B", "pools": {"host": host}})
+    if deterministic:
+        cfg["shadow_deterministic"] = True
     return yaml.safe_dump(cfg, sort_keys=False)
 
 

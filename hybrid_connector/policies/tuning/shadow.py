@@ -53,12 +53,19 @@ Contract:
   so ``poll`` hands over a decision at the same request in every run, exactly as the
   inline tuner would. The steps stay on the worker: the caller only blocks (no CPU time
   on its thread), for at most the ``check_every`` requests since the last barrier.
+* ``cpu_share`` (with ``background`` and not ``deterministic``): the worker's CPU time is
+  held to that share of the wall time since its first step (it sleeps off any excess
+  after a step, releasing the interpreter lock). An engine thread in the same process
+  (vLLM's engine core) then waits on the worker for at most that share of its time, plus
+  one step; what the worker cannot keep up with is skipped (``max_backlog``). 1.0: no
+  bound.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -128,6 +135,7 @@ class ShadowTuner:
         z_early: float = 1.5,
         early: int = 200,
         deterministic: bool = False,
+        cpu_share: float = 1.0,
     ) -> None:
         if not offered or any(c.alpha < 0 for c in offered):
             raise ValueError(f"candidates must be non-empty with alpha >= 0, got {offered}")
@@ -135,6 +143,8 @@ class ShadowTuner:
                 or check_every < 1 or horizon < 2 * block):
             raise ValueError("z, z_early, early, min_gain >= 0, block >= 2, check_every >= 1, "
                              "horizon >= 2*block")
+        if not 0 < cpu_share <= 1:
+            raise ValueError(f"cpu_share must be in (0, 1], got {cpu_share}")
         self.factory = factory
         self.offered: list[Candidate] = list(dict.fromkeys(offered))
         self.z, self.z_fallback = float(z), float(z_fallback)
@@ -145,6 +155,9 @@ class ShadowTuner:
         self.background = background
         self.max_backlog = max_backlog
         self.deterministic = deterministic
+        self.cpu_share = float(cpu_share)
+        self.slept_s = 0.0  # time the worker slept to keep to ``cpu_share``
+        self._clock0: tuple[float, float] | None = None  # (wall, worker CPU) at its first step
         self._fed = 0  # requests handed to the shadows (primed ones included)
         self.skipped = 0  # requests no shadow saw (the worker was ``max_backlog`` behind)
         if start not in self.offered:
@@ -215,6 +228,19 @@ class ShadowTuner:
 
     # ---------------------------------------------------------------- worker
     def _step(self, req: TunerRequest, started: bool) -> None:
+        bounded = self.background and not self.deterministic and self.cpu_share < 1
+        if bounded and self._clock0 is None:
+            self._clock0 = (time.perf_counter(), time.thread_time())
+        self._shadow_step(req, started)
+        if bounded and self._clock0 is not None:
+            wall0, cpu0 = self._clock0
+            busy, elapsed = time.thread_time() - cpu0, time.perf_counter() - wall0
+            owed = busy / self.cpu_share - elapsed
+            if owed > 0:
+                time.sleep(owed)  # releases the interpreter lock to the engine's thread
+                self.slept_s += owed
+
+    def _shadow_step(self, req: TunerRequest, started: bool) -> None:
         if self._shadows is None:
             self._shadows = [self.factory(c) for c in self.offered]
         self._log.append(req)

@@ -40,10 +40,11 @@ a deterministic proxy of the connector's CPU, printed per step with the ratio of
 HybridConnector setting to OffloadingConnector and stored in the rows (``ops_per_step``,
 ``ops_by_method``); timing is not taken in those runs.
 ``--host-mb`` below the default 32 makes the host tier evict (the steady state of a server
-that has run a while). ``--wall`` runs HybridConnector with the shipped tuner settings
+that has run a while). HybridConnector's timed runs keep the shipped tuner settings
 (``shadow_deterministic: false``, ``shadow_cpu_share``): its auto-alpha twin caches step on
-a thread of the same process, which the engine's thread waits on for the interpreter lock,
-and only wall time shows that (CPU time runs the tuner deterministic, so digests compare).
+a thread of the same process, which the engine's thread waits on for the interpreter lock
+(``--wall`` shows it; CPU time does not); ``--trace`` and ``--ops`` run it deterministic,
+so their digests and counts repeat.
 Writes ``vllm_scheduler_cost_c<concurrency>[_async][_host<MB>mb][_wall][_quick].json``
 under ``--out`` (default ``benchmarks/results``).
 """
@@ -176,18 +177,18 @@ def trace(quick: bool) -> list[tuple[list[int], int]]:
             for r in recs]
 
 
-def configs(root: Path, args: argparse.Namespace) -> dict[str, tuple[Any, Any]]:
-    """(VllmConfig, KVCacheConfig) per connector; the same device blocks and host bytes."""
+def configs(root: Path, args: argparse.Namespace,
+            deterministic: bool = False) -> dict[str, tuple[Any, Any]]:
+    """(VllmConfig, KVCacheConfig) per connector; the same device blocks and host bytes.
+    ``deterministic``: HybridConnector's tuner never skips a request (else as shipped)."""
     from hybrid_connector.bench.vllm_peers.setups import ours_yaml
 
     host = args.host_mb << 20
     yamls = {}
     for name in HYBRID:
         yamls[name] = root / f"{name}.yaml"
-        # wall time: the shipped tuner settings, whose worker thread shares the interpreter
-        # lock with the engine's; CPU time: deterministic, so decision digests compare
         yamls[name].write_text(ours_yaml("nemotron-h-8b", s.BLOCK, host, ROOT / "configs",
-                                         pooled=name == "hybrid", deterministic=not args.wall))
+                                         pooled=name == "hybrid", deterministic=deterministic))
     model = s.tiny_nemotron_h(root)
     out = {}
     for name in CONNECTORS:
@@ -354,7 +355,10 @@ def main() -> None:
                          "setting printing a digest of its decisions (DecisionTrace)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="vllm_sched_cost"))
-    envs = configs(root, args)
+    envs = configs(root, args)  # timed: the tuner as shipped
+    # digests and opcode counts: a tuner whose decisions never depend on its thread's speed
+    denvs = configs(Path(tempfile.mkdtemp(dir=root)), args, deterministic=True) \
+        if args.trace or args.ops else envs
     reqs = trace(args.quick)
     names = [n for n in CONNECTORS if not args.only or n in args.only or n == "none"]
     best: dict[str, dict[str, Any]] = {}
@@ -400,10 +404,10 @@ def main() -> None:
     for name in HYBRID if args.trace else ():
         if name in names:
             dt = DecisionTrace()
-            run(name, *envs[name], reqs, args.concurrency, decisions=dt)
+            run(name, *denvs[name], reqs, args.concurrency, decisions=dt)
             print(f"decision trace {LABELS[name]}: {dt.summary()}")
     if args.ops:
-        count_ops(envs, reqs, args.concurrency, names, by)
+        count_ops(denvs, reqs, args.concurrency, names, by)
     if args.profile:
         prof = cProfile.Profile()
         run(args.profile, *envs[args.profile], reqs, args.concurrency, prof)

@@ -173,7 +173,9 @@ class ShadowTuner:
         self._decided: Candidate | None = None
         self._lock = threading.Lock()  # the decision handed to ``poll``
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []
+        # the worker's queued steps, oldest first: one worker runs them in order, so the
+        # done ones are always a prefix (dropped from the front, not by a scan of all)
+        self._pending: deque[Future[None]] = deque()
 
     # ---------------------------------------------------------------- inputs
     def start(self, requests_seen: int) -> None:
@@ -185,12 +187,13 @@ class ShadowTuner:
         if not 0 < prompt_len <= len(tokens):
             raise ValueError(f"prompt_len {prompt_len} outside (0, {len(tokens)}]")
         req = TunerRequest(np.asarray(tokens, dtype=np.int64), int(prompt_len))
-        self._pending = [f for f in self._pending if not f.done()]
+        while self._pending and self._pending[0].done():
+            self._pending.popleft()
         if self.background and len(self._pending) >= self.max_backlog:
             if not self.deterministic:
                 self.skipped += 1  # every shadow skips it alike, so the pairing stays exact
                 return
-            self._pending.pop(0).result()  # wait (off this thread's CPU clock), never skip
+            self._pending.popleft().result()  # wait (off this thread's CPU clock), never skip
         self._fed += 1
         self._run(self._step, req, self.started)
         if self.deterministic and self._fed % self.check_every == 0:
@@ -219,9 +222,8 @@ class ShadowTuner:
 
     def poll(self) -> Candidate | None:
         """The candidate of a switch decided since the last poll, else ``None``."""
-        for f in [f for f in self._pending if f.done()]:
-            f.result()  # a shadow's exception surfaces on the caller's thread
-            self._pending.remove(f)
+        while self._pending and self._pending[0].done():
+            self._pending.popleft().result()  # a shadow's exception surfaces on this thread
         with self._lock:
             got, self._decided = self._decided, None
         return got
@@ -324,6 +326,6 @@ class ShadowTuner:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        self._pending = [f for f in self._pending if not f.cancelled()]
+        self._pending = deque(f for f in self._pending if not f.cancelled())
         for s in self._shadows or []:
             s.close()

@@ -204,6 +204,27 @@ def test_cpu_share_bounds_the_workers_cpu_unless_deterministic(deterministic) ->
     assert Burning.cpu <= share * elapsed * 1.05 + Burning.burn
 
 
+def test_idle_time_banks_no_long_burst_under_cpu_share() -> None:
+    """Time the worker spends idle is not a budget for a later burst at full speed: the
+    credit is capped (``MAX_CREDIT_S``), so a burst after half a second of idling is held
+    to ``cpu_share`` within a few steps (uncapped, its first dozen steps would run
+    unthrottled)."""
+    import time
+
+    Burning.cpu, Burning.first = 0.0, None
+    t = ShadowTuner(lambda c: Burning(c, lambda c: 1.0), candidates((1.0,)),
+                    background=True, max_backlog=6, cpu_share=0.05)
+    t.record(np.arange(3, 20), 10)
+    t.drain()
+    time.sleep(0.5)
+    before = t.slept_s
+    for _ in range(30):
+        t.record(np.arange(3, 20), 10)
+    t.drain()
+    t.close()
+    assert t.slept_s > before
+
+
 def test_bad_arguments_raise() -> None:
     with pytest.raises(ValueError):
         ShadowTuner(lambda c: Scripted(c, lambda c: 0.0), ())

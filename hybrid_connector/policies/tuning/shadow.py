@@ -57,8 +57,9 @@ Contract:
   held to that share of the wall time since its first step (it sleeps off any excess
   after a step, releasing the interpreter lock). An engine thread in the same process
   (vLLM's engine core) then waits on the worker for at most that share of its time, plus
-  one step; what the worker cannot keep up with is skipped (``max_backlog``). 1.0: no
-  bound.
+  one step, and a burst after idle time: the time it banks while idle is capped at
+  ``MAX_CREDIT_S``. What the worker cannot keep up with is skipped (``max_backlog``).
+  1.0: no bound.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ DEFAULT_ALPHAS: tuple[float, ...] = (0.0, 0.5, 2.0, 8.0, 32.0)
 # blocks of evidence since ``start`` before ``z_early`` may apply: the standard error of
 # 2-3 block sums is itself noisy (measured: noise alone crossed z 1.5 at 3 blocks)
 EARLY_MIN_BLOCKS = 4
+# ``cpu_share``: wall time the worker may bank while idle, spent later at full speed
+MAX_CREDIT_S = 0.05
 
 
 class Shadow(Protocol):
@@ -241,6 +244,9 @@ class ShadowTuner:
             if owed > 0:
                 time.sleep(owed)  # releases the interpreter lock to the engine's thread
                 self.slept_s += owed
+            elif owed < -MAX_CREDIT_S:  # idle time banks no burst beyond MAX_CREDIT_S
+                self._clock0 = (time.perf_counter() - MAX_CREDIT_S * (1 - self.cpu_share),
+                                time.thread_time())
 
     def _shadow_step(self, req: TunerRequest, started: bool) -> None:
         if self._shadows is None:

@@ -144,11 +144,7 @@ class StateTable:
     def index_ready(self, key: ObjectKey, node_id: int) -> None:
         """``key`` is indexed, loadable, at node ``node_id`` (a warm restart's or another
         instance's object, or one the tree moved; see ``moved``)."""
-        old = self._where.get(key)
-        self._where[key] = node_id
-        if old != node_id and key in self._pending:
-            self._pending_at(old, -1)
-            self._pending_at(node_id, 1)
+        self._place(key, node_id)
         if key.kind is ObjectKind.KV:
             self.max_kv_len = max(self.max_kv_len, key.end - key.start)
 
@@ -164,11 +160,15 @@ class StateTable:
     def moved(self, node: Node, refs: Iterable[ObjectRef]) -> None:
         """The tree moved ``refs`` to ``node`` (a split or a merge): their placement follows."""
         for r in refs:
-            old = self._where.get(r.key)
-            self._where[r.key] = node.id
-            if old != node.id and r.key in self._pending:
-                self._pending_at(old, -1)
-                self._pending_at(node.id, 1)
+            self._place(r.key, node.id)
+
+    def _place(self, key: ObjectKey, node_id: int) -> None:
+        """``key``'s ref is at node ``node_id`` now; a pending key's count moves with it."""
+        old = self._where.get(key)
+        self._where[key] = node_id
+        if old != node_id and key in self._pending:
+            self._pending_at(old, -1)
+            self._pending_at(node_id, 1)
 
     def landed(self, key: ObjectKey) -> int | None:
         """``key``'s put succeeded: loadable from now. The node holding it, when it was

@@ -233,20 +233,21 @@ class ShadowTuner:
 
     # ---------------------------------------------------------------- worker
     def _step(self, req: TunerRequest, started: bool) -> None:
-        bounded = self.background and not self.deterministic and self.cpu_share < 1
-        if bounded and self._clock0 is None:
+        if not self.background or self.deterministic or self.cpu_share >= 1:
+            self._shadow_step(req, started)  # no ``cpu_share`` bound
+            return
+        if self._clock0 is None:
             self._clock0 = (time.perf_counter(), time.thread_time())
         self._shadow_step(req, started)
-        if bounded and self._clock0 is not None:
-            wall0, cpu0 = self._clock0
-            busy, elapsed = time.thread_time() - cpu0, time.perf_counter() - wall0
-            owed = busy / self.cpu_share - elapsed
-            if owed > 0:
-                time.sleep(owed)  # releases the interpreter lock to the engine's thread
-                self.slept_s += owed
-            elif owed < -MAX_CREDIT_S:  # idle time banks no burst beyond MAX_CREDIT_S
-                self._clock0 = (time.perf_counter() - MAX_CREDIT_S * (1 - self.cpu_share),
-                                time.thread_time())
+        wall0, cpu0 = self._clock0
+        busy, elapsed = time.thread_time() - cpu0, time.perf_counter() - wall0
+        owed = busy / self.cpu_share - elapsed
+        if owed > 0:
+            time.sleep(owed)  # releases the interpreter lock to the engine's thread
+            self.slept_s += owed
+        elif owed < -MAX_CREDIT_S:  # idle time banks no burst beyond MAX_CREDIT_S
+            self._clock0 = (time.perf_counter() - MAX_CREDIT_S * (1 - self.cpu_share),
+                            time.thread_time())
 
     def _shadow_step(self, req: TunerRequest, started: bool) -> None:
         if self._shadows is None:

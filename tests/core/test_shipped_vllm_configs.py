@@ -45,3 +45,22 @@ def test_the_shipped_tuner_never_holds_vllms_engine_loop(name: str) -> None:
     assert cfg.alpha == "auto" and cfg.alpha_tuner == "shadow"
     assert not cfg.shadow_deterministic
     assert cfg.shadow_cpu_share <= 0.2
+
+
+@pytest.mark.parametrize("name", ["ours-pooled", "ours-shipped"])
+def test_the_head_to_head_runs_the_tuner_deterministic_unless_asked_as_shipped(
+        name: str, tmp_path: Path) -> None:
+    """``ours*`` peers repeat run to run (deterministic tuner); ``ours-shipped`` is
+    ``ours-pooled`` with the tuner exactly as the shipped config runs it."""
+    from hybrid_connector.bench.vllm_peers.setups import peer
+
+    p = peer(name, 1 << 20, preset="qwen3.5-4b", block=32, work=tmp_path, configs=CONFIGS)
+    assert p.transfer is not None
+    cfg = load_config(p.transfer["kv_connector_extra_config"]["config_file"], environ={})
+    shipped = load_config(CONFIGS / SHIPPED["qwen3.5-4b"], environ={})
+    assert cfg.pools.host is not None and cfg.pools.host.kv_state == 1 << 20
+    if name == "ours-shipped":
+        assert (cfg.shadow_deterministic, cfg.shadow_cpu_share) == (
+            shipped.shadow_deterministic, shipped.shadow_cpu_share)
+    else:
+        assert cfg.shadow_deterministic

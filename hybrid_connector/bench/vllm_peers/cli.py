@@ -50,7 +50,8 @@ def add_parser(bsub: Any) -> None:
     c.add_argument("--traces", help="comma-separated subset of the traces")
     c.add_argument("--peers", help="comma-separated connectors (default: none, offload-lru, "
                                     "offload-arc, simple, ours, ours-pooled; opt-in: "
-                                    "offload-fs, ours-nvme, host + disk tiers)")
+                                    "offload-fs, ours-nvme, host + disk tiers; "
+                                    "ours-shipped, ours-pooled with the tuner as shipped)")
     c.add_argument("--concurrency", type=int, help="requests at once (default 4; quick 2)")
     c.add_argument("--multiples", help="comma-separated host budgets as multiples of the "
                                        "working set (default 0.25,0.5,1,2,4)")
@@ -92,12 +93,13 @@ def run(args: argparse.Namespace) -> int:
     if args.multiples:
         cfg = dataclasses.replace(cfg, multiples=tuple(float(m) for m in args.multiples.split(",")))
     if args.peers:
-        from hybrid_connector.bench.vllm_peers.setups import DISK_PEERS, PEERS
+        from hybrid_connector.bench.vllm_peers.setups import DISK_PEERS, PEERS, SHIPPED_TUNER
 
-        unknown = sorted(set(args.peers.split(",")) - set(PEERS + DISK_PEERS))
+        known = (*PEERS, *DISK_PEERS, SHIPPED_TUNER)
+        unknown = sorted(set(args.peers.split(",")) - set(known))
         if unknown:
             print(f"bench vllm-peers: unknown peers {', '.join(unknown)}; known: "
-                  f"{', '.join(PEERS + DISK_PEERS)}", file=sys.stderr)
+                  f"{', '.join(known)}", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, peers=tuple(args.peers.split(",")))
     try:

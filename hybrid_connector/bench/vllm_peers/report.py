@@ -62,7 +62,7 @@ def verdicts(doc: dict[str, Any]) -> list[str]:
             if not peers:
                 continue
             best = max(peers, key=lambda r: r["hit_rate"])
-            for name in ("ours", "ours-pooled"):
+            for name in ("ours", "ours-pooled", "ours-shipped"):
                 if name not in at:
                     continue
                 ours = at[name]
@@ -178,7 +178,8 @@ def plot(path: Path, doc: dict[str, Any]) -> str | None:
                              squeeze=False)
     style = {"offload-lru": ("tab:blue", "--"), "offload-arc": ("tab:cyan", "--"),
              "simple": ("tab:green", ":"), "ours": ("tab:red", "-"),
-             "ours-pooled": ("tab:orange", "-"), "offload-fs": ("tab:purple", "-."),
+             "ours-pooled": ("tab:orange", "-"), "ours-shipped": ("tab:olive", "-"),
+             "offload-fs": ("tab:purple", "-."),
              "ours-nvme": ("tab:brown", "-")}
     for row, (key, ylabel) in enumerate(panels):
         for ax, trace in zip(axes[row], traces, strict=True):

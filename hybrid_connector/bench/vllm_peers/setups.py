@@ -22,6 +22,11 @@ Opt-in (``--peers``; not in the default sweep), a disk tier under each (``disk_p
   primary tier of the same host bytes and a ``FileSystemTierManager`` ("fs") tier;
 * ``ours-nvme``: ``ours-pooled`` plus an NVMe tier of a disk budget matched to what
   ``offload-fs``'s fs tier held (``disk_peers``).
+
+Every ``ours*`` peer runs the auto-alpha tuner deterministic (``shadow_deterministic``), so
+its figures repeat run to run. Opt-in, ``ours-shipped``: ``ours-pooled`` with the tuner as
+the shipped configs run it (``shadow_deterministic: false``, ``shadow_cpu_share: 0.2``: it
+skips requests it cannot keep up with, so its figures vary from run to run).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import yaml
 
 PEERS = ("none", "offload-lru", "offload-arc", "simple", "ours", "ours-pooled")
 DISK_PEERS = ("offload-fs", "ours-nvme")  # opt-in: host + disk tiers
+SHIPPED_TUNER = "ours-shipped"  # opt-in: ours-pooled with the tuner as shipped
 LABELS = {
     "none": "vLLM prefix cache only",
     "offload-lru": "OffloadingConnector (LRU)",
@@ -41,6 +47,7 @@ LABELS = {
     "simple": "SimpleCPUOffloadConnector",
     "ours": "HybridConnector, split pools",
     "ours-pooled": "HybridConnector (ours)",
+    "ours-shipped": "HybridConnector, shipped tuner",
     "offload-fs": "OffloadingConnector + fs tier",
     "ours-nvme": "HybridConnector + NVMe tier",
 }
@@ -53,6 +60,7 @@ VLLM_CLASSES = {
     "simple": "SimpleCPUOffloadConnector, SimpleCPUOffloadScheduler (host BlockPool LRU)",
     "ours": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
     "ours-pooled": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
+    "ours-shipped": "HybridConnector (hybrid_connector.integrations.vllm), both roles",
     "offload-fs": "OffloadingConnector, TieringOffloadingSpec, TieringOffloadingManager + "
                   "CPUPrimaryTierOffloadingManager (LRU) + FileSystemTierManager, "
                   "SharedOffloadRegion, OffloadingConnectorWorker",
@@ -136,14 +144,16 @@ def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs
         return Peer(name, budget, {"kv_connector": "SimpleCPUOffloadConnector",
                                    "kv_role": "kv_both",
                                    "kv_connector_extra_config": {"cpu_bytes_to_use": budget}})
-    if name in ("ours", "ours-pooled"):
+    if name in ("ours", "ours-pooled", SHIPPED_TUNER):
         path = work / f"{name}-{budget}.yaml"
-        path.write_text(ours_yaml(preset, block, budget, configs, pooled=name == "ours-pooled"))
+        path.write_text(ours_yaml(preset, block, budget, configs, pooled=name != "ours",
+                                  deterministic=name != SHIPPED_TUNER))
         return Peer(name, budget, {"kv_connector": "HybridConnector",
                                    "kv_connector_module_path": "hybrid_connector.integrations.vllm",
                                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                                    "kv_connector_extra_config": {"config_file": str(path)}})
-    raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS + DISK_PEERS)}")
+    raise ValueError(f"unknown peer {name!r}; known: "
+                     f"{', '.join((*PEERS, *DISK_PEERS, SHIPPED_TUNER))}")
 
 
 def install_stand_in(name: str, worker: Any) -> None:

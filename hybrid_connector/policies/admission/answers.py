@@ -48,9 +48,8 @@ requests in flight).
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
+import xxhash
 
 RECORDS = 1024  # answers remembered (a chat's next turn comes back within ~220 requests)
 WINDOW = 16  # tokens before an answer's end that key it
@@ -64,8 +63,10 @@ RARE = 32  # ... only every 32nd
 
 
 def _digest(toks: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(toks, dtype=np.int64).tobytes(),
-                           digest_size=16).digest()
+    # xxh3-128 at memory speed: blake2b over a long prompt's 8-byte tokens took ~60 us, a
+    # fifth of the vLLM scheduler side's time under eviction; this is a 128-bit equality
+    # check, not a security boundary (a collision only misleads the estimate)
+    return xxhash.xxh3_128_digest(np.ascontiguousarray(toks, dtype=np.int64).data)
 
 
 class AnswerReuse:

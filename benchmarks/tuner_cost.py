@@ -8,13 +8,13 @@ all there is to time) over one fixed-seed agentic trace with a budget that evict
 ways, in one process:
 
 * ``fixed alpha 0``: no tuner (recency alone, the tuner's start);
-* ``tuner, deterministic`` (``shadow_deterministic: true``, the library default, what the
-  benchmarks use so their figures repeat): no request is skipped, and every 10th finished
-  request waits for the twins to catch up, inside ``finish``, with the model's index lock
-  held;
-* ``tuner, cpu share 0.2`` (``shadow_deterministic: false, shadow_cpu_share: 0.2``: what
-  the cache server and the shipped vLLM configs run): the twins' thread sleeps off CPU
-  beyond 20% of wall time and skips requests it cannot keep up with.
+* ``tuner, deterministic`` (``shadow_deterministic: true``: what the benchmarks set so
+  their figures repeat; the library default until this was measured): no request is
+  skipped, and every 10th finished request waits for the twins to catch up, inside
+  ``finish``, with the model's index lock held;
+* ``tuner, cpu share 0.2`` (``shadow_deterministic: false, shadow_cpu_share: 0.2``: the
+  default, what every shipped config says): the twins' thread sleeps off CPU beyond 20%
+  of wall time and skips requests it cannot keep up with.
 
 Per request: the wall time of the whole request (lookup, saves, finish) and of ``finish``
 alone (the call that may wait with the lock held): mean, p50, p99, max, and each tuner's

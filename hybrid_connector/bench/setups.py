@@ -75,7 +75,8 @@ def setup_of(name: str, cfg: CapacityConfig, geo: ModelGeometry) -> Setup:
 
 def base_overrides(cfg: CapacityConfig, setup: Setup) -> dict[str, Any]:
     return {"chunk_size": cfg.chunk_size, "hash_block_size": cfg.hash_block_size,
-            "alignment": cfg.alignment, "anchor_density": 0.25, "replay": False, **setup.policy}
+            "alignment": cfg.alignment, "anchor_density": 0.25, "replay": False,
+            "shadow_deterministic": True, **setup.policy}  # figures that repeat run to run
 
 
 def split(total: int, mix: float) -> dict[str, int]:

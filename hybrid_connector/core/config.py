@@ -120,8 +120,8 @@ class HybridConfig(Strict):
     shadow_start: NonNegFinite | Literal["lru"] = "lru"  # the candidate before any evidence
     # how candidates combine recency and FLOPs/byte: Marconi's sum, the aging product, or both
     shadow_score: Literal["sum", "product", "both"] = "both"
-    shadow_deterministic: bool = True  # never skip; decide at fixed counts (tuning/shadow.py)
-    shadow_cpu_share: float = Field(1.0, gt=0.0, le=1.0)  # worker CPU / wall, when not deterministic
+    shadow_deterministic: bool = False  # True: never skip, decide at fixed counts (benchmarks)
+    shadow_cpu_share: float = Field(0.2, gt=0.0, le=1.0)  # worker CPU / wall, when not deterministic
     # KV and states in one budget: which kind gives up bytes. "kind_order": the kind being
     # saved first; "utility": whichever best victim has the lower Marconi utility.
     pooled_eviction: Literal["kind_order", "utility"] = "kind_order"

@@ -15,11 +15,11 @@ unused index stays, so its counters stay in ``STATS`` and a returning client doe
 for a new index (which scans the tiers' inventory). A ``HELLO`` for a new model when every
 place is taken by a used or non-empty index is refused (``ModelsFull``).
 
-Below what the server's own config sets, each model's config runs the auto-alpha tuner
-bounded (``SERVER_DEFAULTS``): with the library's deterministic tuner a ``finish`` waits for
-the twin caches every 10 requests with the model's index lock held, stalling every client
-of the model (``benchmarks/tuner_cost.py``: 161 ms p99 against 0.7 ms), for a determinism
-that concurrent clients rule out anyway.
+Each model's auto-alpha tuner runs as the server's config says: by default bounded
+(``shadow_deterministic: false``, ``shadow_cpu_share: 0.2``). A deterministic tuner makes a
+``finish`` wait for the twin caches every 10 requests with the model's index lock held,
+stalling every client of the model (``benchmarks/tuner_cost.py``: 160 ms p99 against under
+1 ms), for a determinism that concurrent clients rule out anyway.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.remote.wire.convert import CLIENT_KEYS
 from hybrid_connector.runtime.cache import HybridCache
 from hybrid_connector.tiers.store import ObjectStore
-
-# tuner settings a model's config gets unless the server's config sets them (module docstring)
-SERVER_DEFAULTS: dict[str, Any] = {"shadow_deterministic": False, "shadow_cpu_share": 0.2}
 
 
 class HelloError(ValueError):
@@ -86,8 +83,7 @@ class Models:
                                  "already, each in use or holding objects: try again later")
             try:
                 geo = ModelGeometry.from_dict(geometry, source="HELLO geometry")
-                cfg = load_config(overrides={**SERVER_DEFAULTS, **self.config.explicit(),
-                                             **cache_keys},
+                cfg = load_config(overrides={**self.config.explicit(), **cache_keys},
                                   environ={})
             except (ConfigError, ValueError, TypeError) as exc:
                 raise HelloError(str(exc)) from None

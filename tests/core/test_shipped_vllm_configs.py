@@ -64,3 +64,23 @@ def test_the_head_to_head_runs_the_tuner_deterministic_unless_asked_as_shipped(
             shipped.shadow_deterministic, shipped.shadow_cpu_share)
     else:
         assert cfg.shadow_deterministic
+
+
+def test_a_config_that_says_nothing_gets_the_bounded_tuner() -> None:
+    """A vLLM user without a config file, the cache server without one, the transformers
+    runtime: the defaults are what runs. Deterministic by default, a ``finish`` waited for
+    the twin caches with the index lock held (``benchmarks/tuner_cost.py``: 160 ms p99)."""
+    from hybrid_connector import assemble
+    from hybrid_connector.policies.tuning.shadow import ShadowTuner
+
+    cfg = load_config(None, {}, environ={})
+    assert cfg.alpha == "auto" and cfg.eviction == "marconi" and cfg.alpha_tuner == "shadow"
+    assert not cfg.shadow_deterministic and cfg.shadow_cpu_share == 0.2
+    pol = assemble.policies(cfg).eviction
+    factory = pol._tuner_factory  # type: ignore[attr-defined]
+    tuner = factory(get_preset("qwen3.5-0.8b"), {})
+    try:
+        assert isinstance(tuner, ShadowTuner)
+        assert not tuner.deterministic and tuner.cpu_share == 0.2
+    finally:
+        tuner.close()

@@ -273,7 +273,8 @@ def test_picks_lru_on_one_shot_chat_and_alpha_above_zero_on_agentic(kind, args, 
 
 def test_the_live_build_path_makes_a_shadow_tuner_at_the_first_eviction() -> None:
     cfg = load_config(None, {"eviction": "marconi", "chunk_size": 256, "hash_block_size": 256,
-                             "alignment": 1, "shadow_alphas": [0.0, 1.0]}, environ={})
+                             "alignment": 1, "shadow_alphas": [0.0, 1.0],
+                             "shadow_deterministic": True}, environ={})
     pol = assemble.policies(cfg).eviction
     assert isinstance(pol, MarconiEviction) and pol.tuner is None
     recs = GENERATORS["oneshot"](120, 3, 1, as_arrays=True)  # type: ignore[operator]

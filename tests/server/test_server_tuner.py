@@ -1,6 +1,6 @@
-"""The server runs each model's auto-alpha tuner bounded: a deterministic tuner would make a
-``finish`` wait for its twin caches with the model's index lock held
-(``hybrid_connector.server.models.SERVER_DEFAULTS``, ``benchmarks/tuner_cost.py``)."""
+"""The server runs each model's auto-alpha tuner bounded unless its config says otherwise: a
+deterministic tuner would make a ``finish`` wait for its twin caches with the model's index
+lock held (``hybrid_connector.server.models``, ``benchmarks/tuner_cost.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from fault_support import GEO, save_conversation
 from server_support import client_config, served, server_config
 
 from hybrid_connector.remote.client.server_cache import ServerCache
-from hybrid_connector.server.models import SERVER_DEFAULTS
 
 
 def _tuner_after_eviction(extra: dict[str, Any]) -> Any:
@@ -33,7 +32,7 @@ def _tuner_after_eviction(extra: dict[str, Any]) -> Any:
 
 def test_a_served_model_runs_the_tuner_bounded_by_default() -> None:
     tuner, cfg = _tuner_after_eviction({})
-    assert not cfg.shadow_deterministic and cfg.shadow_cpu_share == SERVER_DEFAULTS["shadow_cpu_share"]
+    assert not cfg.shadow_deterministic and cfg.shadow_cpu_share == 0.2
     assert tuner is not None, "the first eviction builds the tuner"
     assert not tuner.deterministic and tuner.cpu_share == pytest.approx(0.2)
 
@@ -49,4 +48,4 @@ def test_the_shipped_server_config_says_so() -> None:
     from hybrid_connector.core.config import load_config
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs/server.yaml", environ={})
-    assert not cfg.shadow_deterministic and cfg.shadow_cpu_share == SERVER_DEFAULTS["shadow_cpu_share"]
+    assert not cfg.shadow_deterministic and cfg.shadow_cpu_share == 0.2

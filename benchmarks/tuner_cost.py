@@ -13,7 +13,7 @@ ways, in one process:
   skipped, and every 10th finished request waits for the twins to catch up, inside
   ``finish``, with the model's index lock held;
 * ``tuner, cpu share 0.2`` (``shadow_deterministic: false, shadow_cpu_share: 0.2``: the
-  default, what every shipped config says): the twins' thread sleeps off CPU beyond 20%
+  default, what every shipped config runs): the twins' thread sleeps off CPU beyond 20%
   of wall time and skips requests it cannot keep up with.
 
 Per request: the wall time of the whole request (lookup, saves, finish) and of ``finish``

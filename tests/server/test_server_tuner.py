@@ -42,7 +42,7 @@ def test_the_servers_own_config_still_decides() -> None:
     assert cfg.shadow_deterministic and tuner.deterministic
 
 
-def test_the_shipped_server_config_says_so() -> None:
+def test_the_shipped_server_config_runs_it_bounded() -> None:
     from pathlib import Path
 
     from hybrid_connector.core.config import load_config

@@ -93,13 +93,12 @@ def run(args: argparse.Namespace) -> int:
     if args.multiples:
         cfg = dataclasses.replace(cfg, multiples=tuple(float(m) for m in args.multiples.split(",")))
     if args.peers:
-        from hybrid_connector.bench.vllm_peers.setups import DISK_PEERS, PEERS, SHIPPED_TUNER
+        from hybrid_connector.bench.vllm_peers.setups import KNOWN
 
-        known = (*PEERS, *DISK_PEERS, SHIPPED_TUNER)
-        unknown = sorted(set(args.peers.split(",")) - set(known))
+        unknown = sorted(set(args.peers.split(",")) - set(KNOWN))
         if unknown:
             print(f"bench vllm-peers: unknown peers {', '.join(unknown)}; known: "
-                  f"{', '.join(known)}", file=sys.stderr)
+                  f"{', '.join(KNOWN)}", file=sys.stderr)
             return 2
         cfg = dataclasses.replace(cfg, peers=tuple(args.peers.split(",")))
     try:

@@ -40,6 +40,7 @@ import yaml
 PEERS = ("none", "offload-lru", "offload-arc", "simple", "ours", "ours-pooled")
 DISK_PEERS = ("offload-fs", "ours-nvme")  # opt-in: host + disk tiers
 SHIPPED_TUNER = "ours-shipped"  # opt-in: ours-pooled with the tuner as shipped
+KNOWN = (*PEERS, *DISK_PEERS, SHIPPED_TUNER)  # every name ``peer`` accepts
 LABELS = {
     "none": "vLLM prefix cache only",
     "offload-lru": "OffloadingConnector (LRU)",
@@ -152,8 +153,7 @@ def peer(name: str, budget: int, *, preset: str, block: int, work: Path, configs
                                    "kv_connector_module_path": "hybrid_connector.integrations.vllm",
                                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                                    "kv_connector_extra_config": {"config_file": str(path)}})
-    raise ValueError(f"unknown peer {name!r}; known: "
-                     f"{', '.join((*PEERS, *DISK_PEERS, SHIPPED_TUNER))}")
+    raise ValueError(f"unknown peer {name!r}; known: {', '.join(KNOWN)}")
 
 
 def install_stand_in(name: str, worker: Any) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hybrid_connector.core.hashes import ChainHasher
-from hybrid_connector.core.keys import ObjectKind, as_tokens
+from hybrid_connector.core.keys import ObjectKind, PrefixHasher, as_tokens
 from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveItem, SaveResult
 from hybrid_connector.index.state import Lease
 from hybrid_connector.runtime.api import CacheAPI
@@ -57,18 +57,21 @@ class RequestSession:
     """One request (see the module docstring). ``alignment``: the engine's hit
     granularity (default the config's); ``gate`` decides whether an approximate plan may be
     used (without one, approximate plans are used only when replay is on); ``record``:
-    count the lookup in the cache's statistics. Where the request stands (plan, lease,
+    count the lookup in the cache's statistics; ``ahead``: prefix hashes of the prompt and
+    output this request will hold, computed once for several caches serving it (the tuner's
+    twins; used only where the tokens match, see ``ChainHasher``). Where the request stands (plan, lease,
     what was loaded, the hit, what is saved) is its ``progress`` record, the one the vLLM
     connector keeps per request too. Not thread safe."""
 
     def __init__(self, cache: CacheAPI, prompt: Sequence[int] | np.ndarray, *,
                  alignment: int | None = None, replay: bool | None = None,
-                 gate: Gate | None = None, record: bool = True) -> None:
+                 gate: Gate | None = None, record: bool = True,
+                 ahead: PrefixHasher | None = None) -> None:
         self.cache = cache
         self.prompt = as_tokens(prompt)
         self.n = int(self.prompt.size)
         self.alignment = alignment
-        self.hasher = ChainHasher(cache.config.hash_block_size, self.prompt)
+        self.hasher = ChainHasher(cache.config.hash_block_size, self.prompt, ahead)
         self._extra: list[int] = []
         self.gate_rejected = False
         # What other instances stored on a shared tier becomes known before the lookup.

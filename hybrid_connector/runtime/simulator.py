@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from hybrid_connector.core.config import HybridConfig
-from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.core.keys import ObjectKind, PrefixHasher
 from hybrid_connector.geometry.anchors import configured_anchors
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.plan import SaveItem
@@ -102,10 +102,12 @@ class Simulator:
             for s, e in anchor_pages(lo, hi, self.page)
         ]
 
-    def step(self, inp: np.ndarray, out: np.ndarray) -> StepResult:
-        """One request through a ``RequestSession``, as an engine runs it."""
+    def step(self, inp: np.ndarray, out: np.ndarray, ahead: PrefixHasher | None = None
+             ) -> StepResult:
+        """One request through a ``RequestSession``, as an engine runs it. ``ahead``: the
+        prefix hashes of ``inp`` + ``out``, when the caller has them (``RequestSession``)."""
         n = int(inp.size)
-        s = RequestSession(self.cache, inp)
+        s = RequestSession(self.cache, inp, ahead=ahead)
         s.load()
         s.release()
         plan, p = s.plan, s.hit

@@ -68,7 +68,8 @@ class CacheReplayer:
             admission=self.admission(), anchors=self.anchors,
         ) as sim:
             for i, req in enumerate(window):
-                res = sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :])
+                res = sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :],
+                               req.hasher(self.config.hash_block_size))
                 if i >= eval_from:
                     total += self.score(res.hit)
         return total
@@ -100,7 +101,9 @@ class CacheShadow:
         self._closed = False
 
     def step(self, request: TunerRequest) -> float:
-        res = self.sim.step(request.tokens[: request.prompt_len], request.tokens[request.prompt_len :])
+        res = self.sim.step(request.tokens[: request.prompt_len],
+                            request.tokens[request.prompt_len :],
+                            request.hasher(self._r.config.hash_block_size))
         return self._r.score(res.hit)
 
     def close(self) -> None:

@@ -18,7 +18,7 @@ place is taken by a used or non-empty index is refused (``ModelsFull``).
 Each model's auto-alpha tuner runs as the server's config says: by default bounded
 (``shadow_deterministic: false``, ``shadow_cpu_share: 0.2``). A deterministic tuner makes a
 ``finish`` wait for the twin caches every 10 requests with the model's index lock held,
-stalling every client of the model (``benchmarks/tuner_cost.py``: 160 ms p99 against under
+stalling every client of the model (``benchmarks/tuner_cost.py``: 137 ms p99 against under
 1 ms), for a determinism that concurrent clients rule out anyway.
 """
 

@@ -27,6 +27,36 @@ def test_chain_hasher_equals_hashing_from_scratch(parts, block) -> None:
         ch.at(len(seq) + 1)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 9), max_size=60), st.lists(st.lists(st.integers(0, 9), max_size=25),
+       max_size=4), st.integers(1, 7))
+def test_a_chain_hasher_with_ahead_hashes_like_one_without(ahead_toks, parts, block) -> None:
+    """``ahead`` is used only while the tokens match it: diverging from it, growing past it
+    or a block size of its own all give the hashes of hashing from scratch."""
+    ahead = PrefixHasher(ahead_toks, block)
+    for size in (block, block + 1):
+        ch, plain = ChainHasher(size, (), ahead), ChainHasher(size)
+        for part in [ahead_toks[: len(ahead_toks) // 2], *parts]:
+            ch.append(part)
+            plain.append(part)
+            ends = range(len(plain) + 1)
+            assert [ch.at(e) for e in ends] == [plain.at(e) for e in ends]
+
+
+def test_a_chain_hasher_with_ahead_takes_its_blocks(monkeypatch) -> None:
+    toks = np.arange(50) + 1
+    ahead = PrefixHasher(toks, 4)
+    calls = []
+    import hybrid_connector.core.hashes as hashes_mod
+    real = hashes_mod._h
+    monkeypatch.setattr(hashes_mod, "_h", lambda *a: calls.append(1) or real(*a))
+    ch = ChainHasher(4, toks[:20], ahead)
+    ch.append(toks[20:])
+    assert not calls and ch.at(48) == ahead.at(48)       # nothing hashed twice
+    ch.append([1, 2, 3, 4])                              # past it: hashed again
+    assert len(calls) == 1 and ch.at(52) == PrefixHasher(np.r_[toks, [1, 2, 3, 4]], 4).at(52)
+
+
 def test_engine_hashes_at_block_ends_and_inside_blocks() -> None:
     blocks = [bytes([i]) * 32 for i in range(1, 4)]
     eh = EngineHashes(4, blocks)

@@ -140,3 +140,31 @@ def test_a_closed_tuner_never_starts_another_thread() -> None:
         t.record(*_req(10))
         t.poll()
     assert t._pool is None and t.current == 0.0  # later rounds ran inline
+
+
+def test_twins_hash_a_request_once_and_score_as_if_they_hashed_it(geo, sim_config,
+                                                                   monkeypatch) -> None:
+    """Every twin serves the request with the prefix hashes ``TunerRequest`` computed once
+    (``RequestSession``'s ``ahead``): the same scores as twins that hash it themselves."""
+    from hybrid_connector.core import hashes as hashes_mod
+    from hybrid_connector.policies.tuning.base import Candidate
+    from hybrid_connector.runtime.tuner_caches import CacheShadow
+
+    budget = Budget.pooled(int(1e9))
+    replayer = CacheReplayer(sim_config, geo, budget, MarconiAdmission, CorrectedAccounting,
+                             objective="token_hits")
+    recs = multi_turn_chat(10, 4, 1, num_system_prompts=2, as_arrays=True)
+    reqs = [TunerRequest(np.concatenate([r["input_tokens"], r["output_tokens"]]),
+                         len(r["input_tokens"])) for r in recs]
+    twins = [CacheShadow(replayer, Candidate(a)) for a in (0.0, 2.0)]
+    own = [CacheShadow(replayer, Candidate(a)) for a in (0.0, 2.0)]
+    blocks = [0]
+    real = hashes_mod._h
+    monkeypatch.setattr(hashes_mod, "_h", lambda *a: blocks.__setitem__(0, blocks[0] + 1) or real(*a))
+    shared = [[t.step(r) for t in twins] for r in reqs]
+    assert blocks[0] == 0                 # full blocks came from the request's one hasher
+    alone = [[replayer.score(t.sim.step(r.tokens[: r.prompt_len], r.tokens[r.prompt_len:]).hit)
+              for t in own] for r in reqs]  # no ``ahead``: each twin hashes the request
+    assert blocks[0] > 0 and shared == alone and sum(map(sum, shared)) > 0
+    for t in twins + own:
+        t.close()

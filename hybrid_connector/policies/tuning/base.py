@@ -8,18 +8,29 @@ the live cache; ``close`` stops its threads and is idempotent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from hybrid_connector.core.keys import PrefixHasher
+
 
 @dataclass(frozen=True)
 class TunerRequest:
-    """One recorded request: ``tokens`` = prompt + output, the first ``prompt_len`` the prompt."""
+    """One recorded request: ``tokens`` = prompt + output, the first ``prompt_len`` the prompt.
+    ``hasher(block_size)``: its prefix hashes, computed once however many twin caches serve
+    it (not thread safe: one tuner worker steps them in turn)."""
 
     tokens: np.ndarray
     prompt_len: int
+    _hashers: dict[int, PrefixHasher] = field(default_factory=dict, compare=False, repr=False)
+
+    def hasher(self, block_size: int) -> PrefixHasher:
+        got = self._hashers.get(block_size)
+        if got is None:
+            got = self._hashers[block_size] = PrefixHasher(self.tokens, block_size)
+        return got
 
 
 class Candidate(NamedTuple):

@@ -114,3 +114,25 @@ def test_a_sweep_without_a_work_directory_leaves_nothing_behind(
     doc = vp.run_sweep(cfg, progress=False, configs=ROOT / "configs")
     assert [r["peer"] for r in doc["rows"]] == ["none"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gpu_step_ms_idles_the_engine_thread_after_each_step(tmp_path: Path) -> None:
+    """``--gpu-step-ms``: after each step the engine thread sleeps as vLLM's engine core
+    waits on a GPU's forward pass (a CPU run has none), so a connector's own threads (ours:
+    the bounded auto-alpha tuner) get that time; the report says so, and rows of ours carry
+    how many requests the tuner skipped (None until the host first evicts)."""
+    cfg = vp.PeersConfig(traces={"multiround_qa": (6, 3)}, multiples=(0.25,), concurrency=1,
+                         peers=("ours-shipped",), gpu_step_ms=20.0)
+    doc = vp.run_sweep(cfg, progress=False, work=tmp_path, configs=ROOT / "configs")
+    (row,) = doc["rows"]
+    assert row["wall_s"] >= row["steps"] * 0.020
+    assert row["checked_tokens"] == row["hit_tokens"] == row["vllm_hits"]
+    assert isinstance(row["tuner_skipped"], int)  # 0.25x evicts: the tuner ran
+    assert "idles 20 ms after each step" in rep.text(doc)
+
+
+def test_a_negative_gpu_step_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from hybrid_connector.cli.entry import main
+
+    assert main(["bench", "vllm-peers", "--gpu-step-ms", "-1", "--quick"]) == 2
+    assert "--gpu-step-ms must be >= 0" in capsys.readouterr().err

@@ -35,6 +35,7 @@ examples:
   hybrid-connector bench vllm-peers --quick
   hybrid-connector bench vllm-peers --jobs 4
   hybrid-connector bench vllm-peers --traces chat_edits --peers none,offload-lru,ours
+  hybrid-connector bench vllm-peers --peers ours-shipped --gpu-step-ms 28
   hybrid-connector bench vllm-peers --traces chat_edits,agentic_branch --multiples 0.25,1 \
       --peers offload-lru,offload-fs,ours-pooled,ours-nvme"""
 
@@ -62,6 +63,10 @@ def add_parser(bsub: Any) -> None:
     c.add_argument("--async-scheduling", action="store_true",
                    help="vLLM's AsyncScheduler (its default on a GPU): each step is scheduled "
                         "before the previous one's output is processed")
+    c.add_argument("--gpu-step-ms", type=float, default=0.0,
+                   help="the engine thread idles this long after each step, as vLLM's engine "
+                        "core waits on the GPU's forward pass (a CPU run has none); a "
+                        "connector's own threads get that time (default 0: back to back)")
     c.add_argument("--jobs", type=int, default=1, help="traces run at once, one process each")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(func=run)
@@ -90,6 +95,12 @@ def run(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, concurrency=args.concurrency)
     if args.async_scheduling:
         cfg = dataclasses.replace(cfg, async_scheduling=True)
+    if args.gpu_step_ms < 0:
+        print(f"bench vllm-peers: --gpu-step-ms must be >= 0, got {args.gpu_step_ms:g}",
+              file=sys.stderr)
+        return 2
+    if args.gpu_step_ms:
+        cfg = dataclasses.replace(cfg, gpu_step_ms=args.gpu_step_ms)
     if args.multiples:
         cfg = dataclasses.replace(cfg, multiples=tuple(float(m) for m in args.multiples.split(",")))
     if args.peers:

@@ -92,7 +92,9 @@ def text(doc: dict[str, Any]) -> str:
         f"{g['state_bytes'] / g['kv_bytes_per_token']:.0f} tokens), dense retention, "
         f"{doc['config']['concurrency']} requests at once"
         + ("; AsyncScheduler, two steps in flight, each request ending at its answer's last "
-           "token as at an end-of-turn token." if doc["config"].get("async_scheduling") else "."),
+           "token as at an end-of-turn token." if doc["config"].get("async_scheduling") else ".")
+        + (f" The engine thread idles {doc['config']['gpu_step_ms']:g} ms after each step, as it "
+           "would wait on a GPU's forward pass." if doc["config"].get("gpu_step_ms") else ""),
         "Every hit decided by vLLM's code; the only stand-in is the workers' GPU copy routine "
         "(a CPU copy); every restored byte checked by the runner.",
         *_legend(doc), ""]

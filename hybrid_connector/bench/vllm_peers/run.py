@@ -58,6 +58,10 @@ class EngineShape:
     concurrency: int
     batched: int
     async_scheduling: bool = False  # ``engine.make_scheduler``; driven as vLLM's batch queue
+    # after each step the engine thread sleeps this long (interpreter lock released), as
+    # vLLM's engine core waits on the GPU's forward pass: a connector's threads (ours: the
+    # bounded auto-alpha tuner) get that time. 0: steps back to back, as a CPU run is
+    gpu_step_s: float = 0.0
 
 
 class RunError(RuntimeError):
@@ -200,6 +204,8 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         step_ms.append((time.thread_time() - t2 + sched_s) * 1e3)
         sched_s = 0.0
         settle()
+        if shape.gpu_step_s:
+            time.sleep(shape.gpu_step_s)
         tally.take(eco)
         for e in eco.values():
             for o in e.outputs:
@@ -291,7 +297,9 @@ def _ours_stats(name: str, sched: Any) -> dict[str, Any]:
     if not name.startswith("ours"):
         return {}
     s = sched.connector.sched.stats
-    return {"ours": {"lookups": int(s.lookups), "hits": int(s.hits), "hit_tokens": int(s.hit_tokens),
+    tuner = getattr(sched.connector.sched.index.eviction, "tuner", None)
+    return {"tuner_skipped": getattr(tuner, "skipped", None),
+            "ours": {"lookups": int(s.lookups), "hits": int(s.hits), "hit_tokens": int(s.hit_tokens),
                      "loads": int(s.loads), "loaded_tokens": int(s.loaded_tokens),
                      "failed_loads": int(s.failed_loads),
                      "hits_without_state": int(s.hits_without_state),

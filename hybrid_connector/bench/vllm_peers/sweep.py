@@ -62,6 +62,9 @@ class PeersConfig:
     seed: int = 0
     max_out: int = 32  # answers longer than this are cut (decode steps dominate the run time)
     async_scheduling: bool = False  # vLLM's AsyncScheduler, two steps in flight (its GPU default)
+    # the engine thread idles this long after each step, as it waits on a GPU's forward pass
+    # (the CPU run has none): what a connector's own threads may use (``EngineShape``)
+    gpu_step_ms: float = 0.0
 
 
 def quick() -> PeersConfig:
@@ -171,7 +174,8 @@ def _run_trace(a: tuple[PeersConfig, str, Path, Path, Path, bool]
     max_len = max(len(r["input_tokens"]) + len(r["output_tokens"]) for r in recs) + 1
     shape = EngineShape(model_dir, cfg.preset, block, nblocks, max_len, cfg.concurrency,
                         batched=min(2048, cfg.concurrency * max_len),
-                        async_scheduling=cfg.async_scheduling)
+                        async_scheduling=cfg.async_scheduling,
+                        gpu_step_s=cfg.gpu_step_ms / 1e3)
     info = {"requests": len(recs), "prompt_tokens": int(sum(len(r["input_tokens"]) for r in recs)),
             "working_set_bytes": ws, "device_blocks": nblocks,
             "device_bytes": nblocks * block_bytes, "max_len": max_len,

@@ -168,3 +168,21 @@ def test_twins_hash_a_request_once_and_score_as_if_they_hashed_it(geo, sim_confi
     assert blocks[0] > 0 and shared == alone and sum(map(sum, shared)) > 0
     for t in twins + own:
         t.close()
+
+
+def test_a_tuners_log_keeps_no_hashes_once_every_twin_has_stepped(geo, sim_config) -> None:
+    """The shared hashes (~3.6 B a token) are dropped once every twin stepped the request:
+    the shadow tuner's log keeps the tokens only, as before."""
+    from hybrid_connector.policies.tuning.shadow import ShadowTuner
+    from hybrid_connector.runtime.tuner_caches import shadow_factory
+
+    replayer = CacheReplayer(sim_config, geo, Budget.pooled(int(1e9)), MarconiAdmission,
+                             CorrectedAccounting, objective="token_hits")
+    t = ShadowTuner(shadow_factory(replayer), background=False)
+    for r in multi_turn_chat(4, 3, 1, as_arrays=True):
+        t.record(np.concatenate([r["input_tokens"], r["output_tokens"]]), len(r["input_tokens"]))
+    assert t._log and all(not req._hashers for req in t._log)
+    window = list(t._log)
+    AlphaTuner(replayer, grid=(0.0, 2.0), background=False).search(window)
+    assert all(not req._hashers for req in window)
+    t.close()

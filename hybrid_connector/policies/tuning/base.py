@@ -20,7 +20,8 @@ from hybrid_connector.core.keys import PrefixHasher
 class TunerRequest:
     """One recorded request: ``tokens`` = prompt + output, the first ``prompt_len`` the prompt.
     ``hasher(block_size)``: its prefix hashes, computed once however many twin caches serve
-    it (not thread safe: one tuner worker steps them in turn)."""
+    it (not thread safe: one tuner worker steps them in turn); ``forget_hashes`` drops them
+    once every twin has (a tuner's log keeps the tokens only)."""
 
     tokens: np.ndarray
     prompt_len: int
@@ -31,6 +32,9 @@ class TunerRequest:
         if got is None:
             got = self._hashers[block_size] = PrefixHasher(self.tokens, block_size)
         return got
+
+    def forget_hashes(self) -> None:
+        self._hashers.clear()
 
 
 class Candidate(NamedTuple):

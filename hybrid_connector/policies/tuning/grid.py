@@ -139,6 +139,8 @@ class AlphaTuner:
         rnd = TuningRound(at_request, n)
         for a in self.grid:
             rnd.scores[a] = float(self.replayer(window, a, eval_from))
+        for req in window:  # hashed once for every alpha; the log keeps the tokens only
+            req.forget_hashes()
         best = max(rnd.scores.values())
         if rnd.scores.get(self.current, -math.inf) >= best:
             rnd.chosen = self.current

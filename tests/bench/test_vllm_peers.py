@@ -126,6 +126,7 @@ def test_gpu_step_ms_idles_the_engine_thread_after_each_step(tmp_path: Path) -> 
     doc = vp.run_sweep(cfg, progress=False, work=tmp_path, configs=ROOT / "configs")
     (row,) = doc["rows"]
     assert row["wall_s"] >= row["steps"] * 0.020
+    assert row["sched_wall_ms_mean"] > 0 and row["sched_wall_ms_p99"] >= row["sched_wall_ms_mean"]
     assert row["checked_tokens"] == row["hit_tokens"] == row["vllm_hits"]
     assert isinstance(row["tuner_skipped"], int)  # 0.25x evicts: the tuner ran
     assert "idles 20 ms after each step" in rep.text(doc)

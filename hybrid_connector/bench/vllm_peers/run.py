@@ -15,7 +15,9 @@ does not depend on thread speed and repeats exactly. Measured per run:
   prefix cache hits);
 * ``recomputed``: prompt tokens the runner computed (a preempted request computed again
   counts again);
-* ``sched_ms``: ``schedule()`` + ``update_from_output()`` per step;
+* ``sched_ms``: ``schedule()`` + ``update_from_output()`` per step, CPU time of the engine
+  thread; ``sched_wall_ms`` the same calls' wall time (with it, waits for the interpreter
+  lock a connector's own threads hold);
 * ``held_bytes``: host bytes the connector holds at the end, and the peak seen at every
   ``probe_every`` steps;
 * ``loaded_bytes`` / ``stored_bytes``: bytes the connector copied into vLLM's blocks and out
@@ -168,19 +170,21 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     busy: set[str] = set()
     running = 0
     step_ms: list[float] = []
+    wall_ms: list[float] = []
     tally = _Tally()
     peak = 0
     steps = 0
     inflight = StepQueue(sched, runner, shape.async_scheduling)  # EngineCore's order of steps
-    sched_s = 0.0
+    sched_s = wall_s = 0.0
 
     def schedule() -> Any:
         # CPU time of this thread (vLLM's engine-core thread): other processes on a shared
         # machine (--jobs) do not count, nor the connectors' own I/O threads
-        nonlocal sched_s
-        t0 = time.thread_time()
+        nonlocal sched_s, wall_s
+        t0, w0 = time.thread_time(), time.perf_counter()
         so = sched.schedule()
         sched_s += time.thread_time() - t0
+        wall_s += time.perf_counter() - w0
         return so
 
     while pending or sched.has_unfinished_requests() or inflight:
@@ -199,10 +203,11 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
             if inflight:
                 continue  # the batch queue fills
             raise RunError(f"{p.name}: requests pending but nothing to schedule")
-        t2 = time.thread_time()
+        t2, w2 = time.thread_time(), time.perf_counter()
         eco = sched.update_from_output(*due)
         step_ms.append((time.thread_time() - t2 + sched_s) * 1e3)
-        sched_s = 0.0
+        wall_ms.append((time.perf_counter() - w2 + wall_s) * 1e3)
+        sched_s = wall_s = 0.0
         settle()
         if shape.gpu_step_s:
             time.sleep(shape.gpu_step_s)
@@ -235,7 +240,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
     hit_of = {r: min(runner.first_hit.get(r, 0), prompts[r]) for r in prompts}
     hits = sum(hit_of.values())
     detail = [(prompts[r], hit_of[r], min(tally.external.get(r, 0), hit_of[r])) for r in prompts]
-    ms = np.asarray(step_ms)
+    ms, wms = np.asarray(step_ms), np.asarray(wall_ms)
     return {
         "peer": p.name, "budget": p.budget, "requests": len(records), "steps": steps,
         "prompt_tokens": prompt_total, "hit_tokens": hits, "vllm_hits": int(tally.vllm_hits),
@@ -247,6 +252,7 @@ def _drive(shape: EngineShape, p: st.Peer, sched: Any, runner: Any, worker: Any,
         "stored_bytes_per_hit_token": stored / hits if hits else None,
         "sched_ms_mean": float(ms.mean()), "sched_ms_p50": float(np.percentile(ms, 50)),
         "sched_ms_p99": float(np.percentile(ms, 99)),
+        "sched_wall_ms_mean": float(wms.mean()), "sched_wall_ms_p99": float(np.percentile(wms, 99)),
         "checked_tokens": int(runner.checked_tokens), "preempted": int(runner.preempted),
         "standin_loaded_bytes": s_loaded, "standin_stored_bytes": s_stored,
         "external_hit_tokens": sum(e for _, _, e in detail), "per_request": detail,

@@ -288,3 +288,21 @@ def test_the_live_build_path_makes_a_shadow_tuner_at_the_first_eviction() -> Non
         assert tuner.steps == (len(recs) - tuner.skipped) * len(tuner.offered)
         assert tuner.skipped < len(recs) / 2  # the first requests came in one job
     assert pol.alpha in (0.0, 1.0)
+
+
+def test_a_grown_grid_leaves_no_hashes_in_the_log() -> None:
+    """A twin added when the grid grows catches up on the kept log, hashing each request
+    (``TunerRequest.hasher``) as every twin does; the log still keeps tokens only after."""
+
+    class Hashing(Scripted):
+        def step(self, request: TunerRequest) -> float:
+            request.hasher(4)
+            return super().step(request)
+
+    t = ShadowTuner(lambda c: Hashing(c, lambda c: min(c.alpha, 16.0), noise=0.5),
+                    candidates((0.0, 1.0, 2.0), path_lru=False), start=Candidate(1.0),
+                    max_alpha=32.0, background=False)
+    t.start(0)
+    _feed(t, 400)
+    assert len(t.offered) > 3  # the grid grew: a new twin replayed the log
+    assert all(not req._hashers for req in t._log)

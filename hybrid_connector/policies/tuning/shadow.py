@@ -315,6 +315,8 @@ class ShadowTuner:
         assert self._shadows is not None
         shadow = self.factory(new)
         column = [shadow.step(r) for r in self._log]  # catch up on the kept log
+        for r in self._log:
+            r.forget_hashes()
         self.steps += len(column)
         self.offered.append(new)
         self._shadows.append(shadow)

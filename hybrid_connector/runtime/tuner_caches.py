@@ -27,10 +27,17 @@ from hybrid_connector.policies.eviction.accounting import Accounting
 from hybrid_connector.policies.eviction.marconi import MarconiEviction
 from hybrid_connector.policies.tuning.base import Candidate, TunerRequest
 from hybrid_connector.policies.tuning.shadow import ShadowFactory
-from hybrid_connector.runtime.simulator import Simulator
+from hybrid_connector.runtime.simulator import Simulator, StepResult
 from hybrid_connector.tiers.size_only import Budget
 
 OBJECTIVES = ("flops", "token_hits")
+
+
+def _serve(sim: Simulator, req: TunerRequest) -> StepResult:
+    """``req`` through ``sim``, keyed by the prefix hashes the request computes once for
+    every twin or replay serving it."""
+    return sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :],
+                    req.hasher(sim.config.hash_block_size))
 
 
 class CacheReplayer:
@@ -68,8 +75,7 @@ class CacheReplayer:
             admission=self.admission(), anchors=self.anchors,
         ) as sim:
             for i, req in enumerate(window):
-                res = sim.step(req.tokens[: req.prompt_len], req.tokens[req.prompt_len :],
-                               req.hasher(self.config.hash_block_size))
+                res = _serve(sim, req)
                 if i >= eval_from:
                     total += self.score(res.hit)
         return total
@@ -101,10 +107,7 @@ class CacheShadow:
         self._closed = False
 
     def step(self, request: TunerRequest) -> float:
-        res = self.sim.step(request.tokens[: request.prompt_len],
-                            request.tokens[request.prompt_len :],
-                            request.hasher(self._r.config.hash_block_size))
-        return self._r.score(res.hit)
+        return self._r.score(_serve(self.sim, request).hit)
 
     def close(self) -> None:
         if not self._closed:

@@ -10,7 +10,7 @@ re-validated) and ``progress.hashes`` (the engine's block hashes, extended in pl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,14 +25,17 @@ class TokenBuffer:
     """A request's tokens as a contiguous int64 array that only grows (engines append
     output tokens; the prompt never changes). ``view(source, n)`` copies only
     ``source[len:n]`` in and returns the first ``n`` tokens, a view whose positions are
-    never written again (the index may keep slices of it). Raises ValueError for negative
-    token ids (checked once per token)."""
+    never written again (the index may keep slices of it). ``lift``: applied to the ids
+    copied in (``lift(ids, first position)``), e.g. a vLLM request's namespace
+    (``integrations.vllm.namespace``). Raises ValueError for negative token ids (checked
+    once per token)."""
 
-    __slots__ = ("_buf", "_n")
+    __slots__ = ("_buf", "_n", "lift")
 
-    def __init__(self) -> None:
+    def __init__(self, lift: Callable[[np.ndarray, int], np.ndarray] | None = None) -> None:
         self._buf = np.empty(0, dtype=np.int64)
         self._n = 0
+        self.lift = lift
 
     def __len__(self) -> int:
         return self._n
@@ -44,6 +47,8 @@ class TokenBuffer:
                 grown[: self._n] = self._buf[: self._n]
                 self._buf = grown
             new = as_tokens(np.asarray(source[self._n : n], dtype=np.int64))  # ids >= 0
+            if self.lift is not None:
+                new = self.lift(new, self._n)
             self._buf[self._n : n] = new
             self._n = n
         return self._buf[:n]

@@ -69,6 +69,7 @@ def _with(env: dict[str, Any], yaml: str | None = None, policy: str = "recompute
     ("model", "is not the served model"),
     ("mamba_mode", "mamba_cache_mode"),
     ("hma_off", "hybrid KV cache manager is disabled"),
+    ("vocab", "namespaces"),
 ])
 def test_start_up_fails_closed(env: dict[str, Any], case: str, match: str) -> None:
     vc = _with(env, policy="fail") if case == "policy" else _with(env)
@@ -80,6 +81,8 @@ def test_start_up_fails_closed(env: dict[str, Any], case: str, match: str) -> No
         vc.cache_config.mamba_cache_mode = "none"
     elif case == "hma_off":
         vc.scheduler_config.disable_hybrid_kv_cache_manager = True
+    elif case == "vocab":  # ids past 2**24 cannot be lifted into a namespace
+        vc.model_config.model_arch_config.vocab_size = (1 << 24) + 1
     with pytest.raises(HybridStartupError, match=match):
         HybridConnector(vc, KVConnectorRole.SCHEDULER, env["cfg"])
 

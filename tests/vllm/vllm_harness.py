@@ -1,9 +1,10 @@
 """vLLM's own ``Scheduler`` driving our connector on CPU, with a runner that executes each
 ``SchedulerOutput`` on paged buffers the way vLLM's GPU model runner does in align mode.
 
-The runner's "model" is a deterministic function of the token prefix (so every byte a
-request reads can be checked): the KV of position t is ``kv_value(tokens[:t + 1])`` and the
-recurrent state after t tokens is ``state_value(tokens[:t])``. Before computing a step it
+The runner's "model" is a deterministic function of the token prefix and the request's
+LoRA adapter (so every byte a request reads can be checked): the KV of position t is
+``kv_value(adapter, tokens[:t + 1])`` and the recurrent state after t tokens is
+``state_value(adapter, tokens[:t])``. Before computing a step it
 checks what a model would read: KV of ``[0, computed)`` in the request's attention blocks
 and the state in block ``(computed - 1) // block_size`` of every Mamba group (the block
 ``preprocess_mamba`` copies forward); after it, it writes the new KV and the new state into
@@ -38,6 +39,13 @@ from hybrid_connector.bench.vllm_peers.step_queue import StepQueue
 def _digest(h: bytes, tag: bytes, n: int) -> torch.Tensor:
     raw = hashlib.shake_256(h + tag).digest(n)
     return torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).astype(np.float32))
+
+
+def _adapter(nr: Any) -> bytes:
+    """The seed of a request's hash chain: its LoRA adapter's name (b"" for none), so an
+    adapter's KV and states differ from the base model's for the same tokens, as they do."""
+    lora = nr.lora_request
+    return lora.lora_name.encode() if lora is not None else b""
 
 
 @dataclass
@@ -148,7 +156,8 @@ class Runner:
 
         self.preempted += apply_scheduler_output(
             so, self.reqs, lambda nr: Req(list(nr.prompt_token_ids),
-                                          [list(b) for b in nr.block_ids], nr.num_computed_tokens))
+                                          [list(b) for b in nr.block_ids], nr.num_computed_tokens,
+                                          chain=[_adapter(nr)]))
         conn = self.connector
         out = None
         if conn is not None:  # the order of vLLM's GPU model runner and connector mixin
@@ -180,10 +189,11 @@ def make_scheduler(vc: Any, cfg: Any, async_scheduling: bool = False) -> Any:
 
 
 def make_request(rid: str, prompt: list[int], max_tokens: int,
-                 stop_token_ids: list[int] | None = None) -> Any:
+                 stop_token_ids: list[int] | None = None, **fields: Any) -> Any:
     """A vLLM ``Request`` with vLLM's block hasher at ``BLOCK`` (``stop_token_ids``: it
-    also stops at one of those, as at an end-of-sequence token)."""
-    return eng.make_request(rid, prompt, max_tokens, BLOCK, stop_token_ids)
+    also stops at one of those, as at an end-of-sequence token; ``fields``: more of
+    ``Request``'s arguments, e.g. ``cache_salt``, ``lora_request``)."""
+    return eng.make_request(rid, prompt, max_tokens, BLOCK, stop_token_ids, **fields)
 
 
 def engine(root: Path, yaml_text: str, *, retention: int | None, num_blocks: int,

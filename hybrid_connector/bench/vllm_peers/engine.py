@@ -143,10 +143,12 @@ def make_scheduler(vc: Any, cfg: Any, block: int, async_scheduling: bool = False
 
 
 def make_request(rid: str, prompt: list[int], max_tokens: int, block: int,
-                 stop_token_ids: list[int] | None = None, min_tokens: int = 0) -> Any:
+                 stop_token_ids: list[int] | None = None, min_tokens: int = 0,
+                 **fields: Any) -> Any:
     """A vLLM ``Request`` with vLLM's block hasher (sha256, as the engine core sets it up);
     it stops after ``max_tokens`` or, from its ``min_tokens``-th token on, at a token of
-    ``stop_token_ids``."""
+    ``stop_token_ids``. ``fields``: more of ``Request``'s arguments (``cache_salt``,
+    ``lora_request``, ``mm_features``, ``prompt_embeds``)."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -155,7 +157,8 @@ def make_request(rid: str, prompt: list[int], max_tokens: int, block: int,
     init_none_hash(sha256)
     sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, stop_token_ids=stop_token_ids,
                         min_tokens=min_tokens)
-    return Request(rid, prompt, sp, None, block_hasher=get_request_block_hasher(block, sha256))
+    return Request(rid, prompt, sp, None, block_hasher=get_request_block_hasher(block, sha256),
+                   **fields)
 
 
 def make_worker(vc: Any, cfg: Any) -> Any:

@@ -34,7 +34,7 @@ from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.core.keys import ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.cache_index import CacheIndex
-from hybrid_connector.index.plan import LoadPlan, ObjectSpec
+from hybrid_connector.index.plan import MISS, LoadPlan, ObjectSpec
 from hybrid_connector.integrations.vllm.checkpoints import (
     AnswerGate,
     PromptGate,
@@ -52,9 +52,11 @@ from hybrid_connector.integrations.vllm.meta import (
     SaveJob,
     SaveObject,
 )
+from hybrid_connector.integrations.vllm.namespace import cacheable, lifter, owned
 from hybrid_connector.integrations.vllm.setup import Groups
 from hybrid_connector.integrations.vllm.stats import Counters, hit_sources
 from hybrid_connector.integrations.vllm.tracked import Tracked
+from hybrid_connector.runtime.progress import TokenBuffer
 from hybrid_connector.runtime.ranks import RankGather
 from hybrid_connector.runtime.session import cut_chunks
 from hybrid_connector.tiers.configured import ledger_backend, shared_view
@@ -95,10 +97,11 @@ class SchedulerSide:
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
-        """The request's tokens so far (copied in once each, for a tracked request)."""
+        """The request's tokens so far, lifted into its namespace (``namespace.py``; copied
+        in once each, for a tracked request)."""
         rec = self._progress.get(request.request_id)
         if rec is None:
-            return np.asarray(request.all_token_ids[: request.num_tokens], dtype=np.int64)
+            return TokenBuffer(lifter(request)).view(request.all_token_ids, request.num_tokens)
         return rec.tokens.view(request.all_token_ids, request.num_tokens)
 
     def sources_of(self, request_id: str) -> dict[Any, int] | None:
@@ -114,7 +117,11 @@ class SchedulerSide:
     def match(self, request: Any, num_computed: int) -> tuple[int, bool]:
         """vLLM's ``get_num_new_matched_tokens``; remembers the plan for the allocation."""
         rid = request.request_id
-        rec = self._progress.get(rid) or self._progress.setdefault(rid, Tracked(rid))
+        rec = self._progress.get(rid)
+        if rec is None:
+            if not cacheable(request):
+                return 0, False  # prompt embeddings: never served, never saved
+            rec = self._progress[rid] = Tracked(rid, tokens=TokenBuffer(lifter(request)))
         rec.request, rec.plan = request, None
         if num_computed % self.bs:
             return 0, False
@@ -131,6 +138,11 @@ class SchedulerSide:
             offer_junction(self.index, request, toks, plan, num_computed, self.bs)
         plan = gated(self.index, self.config, toks, plan, num_computed, self.hit_align)  # load_gate
         if not plan.hit or not plan.exact or plan.num_tokens <= num_computed:
+            return 0, False
+        # every object it loads must carry the request's own key (namespace.py)
+        if not owned(plan, rec.engine_hashes(self.hash_block, request.block_hashes, toks),
+                     num_computed):
+            self.stats.foreign_refused += 1
             return 0, False
         rec.plan, rec.plan_base = plan, num_computed
         return plan.num_tokens - num_computed, True
@@ -150,6 +162,8 @@ class SchedulerSide:
         if end != plan.num_tokens:  # vLLM took less: the state must sit exactly at end
             plan = self.index.lookup_at(toks, end, alignment=self.hit_align) \
                 if end % self.hit_align == 0 else plan
+            hashes = rec.engine_hashes(self.hash_block, request.block_hashes, toks)
+            plan = plan if owned(plan, hashes, local) else MISS  # MISS: vLLM recomputes
         lease = self.index.acquire(plan) if plan.num_tokens == end else None
         self.index.record_lookup(plan)
         job = next(self._jobs)
@@ -369,9 +383,12 @@ class SchedulerSide:
     def finished(self, request: Any, block_ids: BlockIds = ()) -> bool:
         """vLLM's ``request_finished``: queue its end-of-request tail (``finish_tail``), then
         forget the request (its other saves are copied already). True: keep its blocks."""
+        rec = self._progress.get(request.request_id)
+        if rec is None and not cacheable(request):
+            return False  # never tracked (prompt embeddings)
         held = self.finish_tail(request, block_ids) if block_ids else False
         toks = self.tokens(request)
-        rec = self._progress.pop(request.request_id, None)
+        self._progress.pop(request.request_id, None)
         self.answers.finished(request, toks)
         self.prompts.finished(request)
         self.index.finish(toks, request.num_prompt_tokens, start=rec.leaf if rec else None)

@@ -5,7 +5,8 @@ mapped onto it, and every check that must fail before serving (fail closed).
 ``align``, a chunk size that is not a multiple of the block size, a geometry (from the
 model's config, or the YAML's ``model``) whose KV or state bytes differ from the KV cache
 vLLM allocated, an attention layer kind this connector does not move (sliding window,
-MLA with different K and V head sizes).
+MLA with different K and V head sizes), a vocabulary too large for request namespaces
+(``namespace.TOKEN_BITS``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSp
 from hybrid_connector.core.config import ENV_PATH, HybridConfig, load_config
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.geometry.presets import load_geometry
+from hybrid_connector.integrations.vllm.namespace import TOKEN_BITS
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -107,6 +109,11 @@ def check_engine(vllm_config: VllmConfig, config: HybridConfig) -> None:
             raise HybridStartupError(
                 f"mamba_cache_mode={mode!r}: HybridConnector needs 'align' (exact states at "
                 "block boundaries; enable prefix caching)")
+    vocab = vllm_config.model_config.get_vocab_size() if vllm_config.model_config else 0
+    if vocab > 1 << TOKEN_BITS:
+        raise HybridStartupError(
+            f"a vocabulary of {vocab} ids: HybridConnector keeps requests' namespaces (cache "
+            f"salt, LoRA, images) apart in token ids below 2**{TOKEN_BITS}")
     bs = vllm_config.cache_config.block_size
     if bs and config.chunk_size % bs:
         raise HybridStartupError(

@@ -29,6 +29,7 @@ class Counters:
     loaded_tokens: int = 0
     failed_loads: int = 0
     hits_without_state: int = 0  # must stay 0 for a hybrid model (the hit rule)
+    foreign_refused: int = 0  # hits refused: keyed by another request's hashes (namespace.py)
     restored: dict[str, int] = field(default_factory=dict)  # warm restart: indexed by kind
     saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))

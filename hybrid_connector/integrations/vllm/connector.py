@@ -40,6 +40,7 @@ from hybrid_connector.integrations.vllm.setup import (
     geometry_of,
     groups_of,
     hybrid_config,
+    model_id_of,
 )
 from hybrid_connector.integrations.vllm.stats import HybridPromMetrics, HybridStats
 from hybrid_connector.integrations.vllm.worker import WorkerSide
@@ -72,7 +73,8 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             tp = vllm_config.parallel_config.tensor_parallel_size
-            self.sched = SchedulerSide(self.config, self.geometry, self.groups, tp, hash_block, layout)
+            self.sched = SchedulerSide(self.config, self.geometry, self.groups, tp, hash_block, layout,
+                                       model_id_of(vllm_config, self.config))
         else:
             from hybrid_connector.tiers.configured import build_tiers
             from hybrid_connector.tiers.executor import Executor

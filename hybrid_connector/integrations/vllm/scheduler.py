@@ -65,11 +65,12 @@ BlockIds = tuple[tuple[int, ...], ...]
 
 
 class SchedulerSide:
-    """The index side of the connector (see the module docstring). Not thread safe: vLLM
-    calls it from the engine-core thread only."""
+    """The index side of the connector (see the module docstring); ``model_id``: the served
+    weights (``geometry.weights``). Not thread safe: the engine-core thread only."""
 
     def __init__(self, config: HybridConfig, geometry: ModelGeometry, groups: Groups,
-                 world_size: int, hash_block_size: int, layout: Mapping[str, object]) -> None:
+                 world_size: int, hash_block_size: int, layout: Mapping[str, object],
+                 model_id: str = "") -> None:
         self.config = config
         self.groups = groups
         self.bs = groups.block_size
@@ -77,7 +78,7 @@ class SchedulerSide:
         # recurrent hits land on saved states (block boundaries or an exact tail): any position
         self.hit_align = 1 if groups.recurrent else self.bs
         self.index: CacheIndex = assemble.index(config, geometry, ledger_backend(config),
-                                                layout=dict(layout))
+                                                layout=dict(layout), model_id=model_id)
         self.gather = RankGather(self.index, world_size)
         self.index.shared_view = shared_view(config)  # type: ignore[assignment]
         self.stats = Counters()
@@ -386,8 +387,7 @@ class SchedulerSide:
         rec = self._progress.get(request.request_id)
         if rec is None and not cacheable(request):
             return False  # never tracked (prompt embeddings)
-        held = self.finish_tail(request, block_ids) if block_ids else False
-        toks = self.tokens(request)
+        held, toks = self.finish_tail(request, block_ids) if block_ids else False, self.tokens(request)
         self._progress.pop(request.request_id, None)
         self.answers.finished(request, toks)
         self.prompts.finished(request)

@@ -1,0 +1,63 @@
+"""Which weights stored bytes belong to: the ``model_id`` an engine integration puts into the
+key fingerprint (``index.state``) beside the geometry.
+
+The geometry (architecture, dims, dtypes, TP layout) is what a fine-tune shares with its
+base model, and an engine's block hashes cover tokens and request inputs, not weights. So
+without the weights in the fingerprint, an engine restarted on other weights of the same
+architecture adopts what its NVMe tier kept for the old ones, and engines serving
+different weights over one remote tier load each other's KV and states: wrong outputs,
+silently.
+
+``weights_id(model, revision)``: ``model`` as the engine names it (a local directory or a
+hub id) and its revision, plus a digest of the weight files' names, sizes and modification
+times, read from the directory, or for a hub id from the local hub cache's snapshot of that
+revision when there is one (the snapshot's path holds its commit). An in-place upgrade of
+the files changes it; reading the weights themselves would take minutes at start-up. A hub
+id with no local snapshot gives ``id@revision`` alone. Engines that share a remote tier
+across hosts, where the copies differ in path or file times, state that they serve the
+same weights by setting the integration's explicit ``model_id`` instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import blake3
+
+#: files that hold weights (what an upgrade in place rewrites)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def _files_digest(directory: Path) -> str:
+    """Digest of the weight files' names, sizes and modification times (ns) in
+    ``directory`` (top level; "none" when it holds none)."""
+    rows = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.name.endswith(WEIGHT_SUFFIXES) and entry.is_file():
+            st = entry.stat()  # follows links: a hub snapshot links into its blobs
+            rows.append(f"{entry.name}:{st.st_size}:{st.st_mtime_ns}")
+    return blake3.blake3("\n".join(rows).encode()).hexdigest(length=8) if rows else "none"
+
+
+def _hub_snapshot(repo: str, revision: str | None) -> Path | None:
+    """The local hub cache's snapshot of ``repo`` at ``revision`` (None: not there)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
+    except Exception:  # no hub library, not a repo id, not downloaded: nothing to read
+        return None
+
+
+def weights_id(model: str, revision: str | None = None) -> str:
+    """The identity of the weights ``model`` names (see the module docstring)."""
+    if not model:
+        return ""
+    path = Path(model)
+    if path.is_dir():
+        return f"{path.resolve()}@{revision or ''}#{_files_digest(path)}"
+    snap = _hub_snapshot(model, revision)
+    if snap is not None:
+        return f"{model}@{snap.name}#{_files_digest(snap)}"
+    return f"{model}@{revision or ''}"

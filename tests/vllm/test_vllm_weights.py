@@ -1,0 +1,98 @@
+"""Stored bytes belong to the weights that computed them, through vLLM 0.33.0's own
+Scheduler and a warm restart over one NVMe directory (``geometry.weights``).
+
+A fine-tune has its base model's geometry, and vLLM's block hashes cover tokens, not
+weights: an engine restarted on other weights of the same architecture (another directory,
+or files upgraded in place) must not adopt what the tier kept for the old ones. An engine
+restarted on the same weights does, and so do engines that state the same ``model_id``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+
+DISK = ("local_cpu: false\nlocal_disk: {dir}\nmax_local_disk_size: 8MB\ndisk_fsync: false\n"
+        "pools:\n  disk: {{kv: 4MB, state: 4MB}}\n")
+
+
+def _weights(model: Path, version: int) -> None:
+    """A real safetensors file (vLLM reads its header at start-up), one per version."""
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.full((version,), float(version))}, str(model / "model.safetensors"))
+
+
+def _prompts(tag: str) -> list[Any]:
+    base = list(range(3, 123))
+    return [h.make_request(f"{tag}{i}", base + [(7 * i + j) % 128 for j in range(40)], 2)
+            for i in range(3)]
+
+
+def _engine(model: Path, yaml: Path, requests: list[Any], model_id: str | None) -> Any:
+    """One engine's life over ``model`` and the NVMe tier of ``yaml``: serve ``requests``,
+    shut down; returns its scheduler side's counters."""
+    vc = s.vllm_config(model, yaml, extra={"model_id": model_id} if model_id else None)
+    cfg = s.kv_cache_config(vc, num_blocks=7)
+    sched = h.make_scheduler(vc, cfg)
+    runner = h.Runner(cfg, KVConnectorFactory.create_connector(vc, KVConnectorRole.WORKER, cfg))
+    h.run(sched, runner, requests)
+    runner.connector.shutdown()
+    sched.connector.shutdown()
+    assert runner.bad == []
+    return sched.connector.sched.stats
+
+
+@pytest.mark.parametrize("case, adopted", [
+    ("same weights", True),
+    ("another directory", False),
+    ("weights upgraded in place", False),
+    ("another directory, same model_id", True),
+    ("another directory, same model_id in the YAML", True),
+])
+def test_a_restart_adopts_only_what_its_own_weights_stored(tmp_path: Path, case: str,
+                                                           adopted: bool) -> None:
+    yaml = tmp_path / "nvme.yaml"
+    stated = "extra_config: {model_id: org/tiny-ft@0123abc}\n" if "YAML" in case else ""
+    yaml.write_text(s.BASE_YAML.split("pools:")[0] + DISK.format(dir=tmp_path / "nvme") + stated)
+    model = s.tiny_nemotron_h(tmp_path)
+    _weights(model, 1)
+    model_id = "org/tiny-ft@0123abc" if "model_id" in case and not stated else None
+    first = _engine(model, yaml, _prompts("a"), model_id)
+    assert first.saved_objects["state"] > 0
+    if "directory" in case:
+        model = Path(shutil.copytree(model, tmp_path / "fine_tune"))
+    elif "upgraded" in case:
+        _weights(model, 2)
+    warm = h.make_request("warm", list(range(40)), 2)  # its first step carries the inventory
+    st = _engine(model, yaml, [warm, *_prompts("b")], model_id)
+    if adopted:
+        assert st.restored.get("state", 0) > 0 and st.hits >= 2
+    else:
+        assert not any(st.restored.values()) and st.hits == 0
+
+
+def test_weights_id_names_the_directory_revision_and_files(tmp_path: Path) -> None:
+    from hybrid_connector.geometry.weights import weights_id
+
+    (tmp_path / "model.safetensors").write_bytes(b"1")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    a = weights_id(str(tmp_path))
+    assert a.startswith(f"{tmp_path.resolve()}@#") and a == weights_id(str(tmp_path))
+    assert weights_id(str(tmp_path), "v2") != a
+    (tmp_path / "tokenizer.json").write_text('{"changed": 1}')  # not weights
+    assert weights_id(str(tmp_path)) == a
+    (tmp_path / "model.safetensors").write_bytes(b"22")
+    assert weights_id(str(tmp_path)) != a
+    assert weights_id("org/not-downloaded", "main") == "org/not-downloaded@main"
+    assert weights_id("") == ""

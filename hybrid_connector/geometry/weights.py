@@ -8,20 +8,25 @@ architecture adopts what its NVMe tier kept for the old ones, and engines servin
 different weights over one remote tier load each other's KV and states: wrong outputs,
 silently.
 
-``weights_id(model, revision)``: ``model`` as the engine names it (a local directory or a
-hub id) and its revision, plus a digest of the weight files' names, sizes and modification
-times, read from the directory, or for a hub id from the local hub cache's snapshot of that
-revision when there is one (the snapshot's path holds its commit). An in-place upgrade of
-the files changes it; reading the weights themselves would take minutes at start-up. A hub
-id with no local snapshot gives ``id@revision`` alone. Engines that share a remote tier
-across hosts, where the copies differ in path or file times, state that they serve the
-same weights by setting the integration's explicit ``model_id`` instead.
+``weights_id(model, revision, config)``: ``model`` as the engine names it (a local
+directory or a hub id) and its revision, plus a digest of the weight files' names, sizes
+and modification times, read from the directory, or for a hub id from the local hub
+cache's snapshot of that revision when there is one (the snapshot's path holds its
+commit). An in-place upgrade of the files changes it; reading the weights themselves would
+take minutes at start-up. A hub id with no local snapshot gives ``id@revision`` alone.
+``config_digest`` adds the model's configuration as the engine runs it (after overrides:
+a RoPE scaling, a norm epsilon change the KV of the same weights). Engines that share a
+remote tier across hosts, where the copies differ in path or file times, state that they
+serve the same weights by setting the integration's explicit ``model_id``, to which the
+configuration's digest is still added.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import blake3
 
@@ -61,3 +66,15 @@ def weights_id(model: str, revision: str | None = None) -> str:
     if snap is not None:
         return f"{model}@{snap.name}#{_files_digest(snap)}"
     return f"{model}@{revision or ''}"
+
+
+def config_digest(config: Any) -> str:
+    """Digest of a model configuration (a transformers ``PretrainedConfig`` or a mapping)
+    as the engine runs it: every field but private ones (``_name_or_path``, ``_commit_hash``)
+    and ``transformers_version``; "" for None."""
+    if config is None:
+        return ""
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    kept = {k: v for k, v in raw.items() if not k.startswith("_") and k != "transformers_version"}
+    blob = json.dumps(kept, sort_keys=True, default=str).encode()
+    return "cfg:" + blake3.blake3(blob).hexdigest(length=8)

@@ -3,11 +3,13 @@ Scheduler and a warm restart over one NVMe directory (``geometry.weights``).
 
 A fine-tune has its base model's geometry, and vLLM's block hashes cover tokens, not
 weights: an engine restarted on other weights of the same architecture (another directory,
-or files upgraded in place) must not adopt what the tier kept for the old ones. An engine
+files upgraded in place) or another configuration of them must not adopt what the tier
+kept for the old ones. An engine
 restarted on the same weights does, and so do engines that state the same ``model_id``."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,7 @@ def _engine(model: Path, yaml: Path, requests: list[Any], model_id: str | None) 
     ("same weights", True),
     ("another directory", False),
     ("weights upgraded in place", False),
+    ("configuration changed in place", False),
     ("another directory, same model_id", True),
     ("another directory, same model_id in the YAML", True),
 ])
@@ -74,6 +77,10 @@ def test_a_restart_adopts_only_what_its_own_weights_stored(tmp_path: Path, case:
         model = Path(shutil.copytree(model, tmp_path / "fine_tune"))
     elif "upgraded" in case:
         _weights(model, 2)
+    elif "configuration" in case:  # same weights, another norm epsilon: other KV
+        cfg = json.loads((model / "config.json").read_text())
+        cfg["layer_norm_epsilon"] *= 10
+        (model / "config.json").write_text(json.dumps(cfg))
     warm = h.make_request("warm", list(range(40)), 2)  # its first step carries the inventory
     st = _engine(model, yaml, [warm, *_prompts("b")], model_id)
     if adopted:
@@ -96,3 +103,12 @@ def test_weights_id_names_the_directory_revision_and_files(tmp_path: Path) -> No
     assert weights_id(str(tmp_path)) != a
     assert weights_id("org/not-downloaded", "main") == "org/not-downloaded@main"
     assert weights_id("") == ""
+
+
+def test_config_digest_ignores_only_private_fields() -> None:
+    from hybrid_connector.geometry.weights import config_digest
+
+    base = {"rope_theta": 1e6, "transformers_version": "4.57", "_name_or_path": "/a"}
+    same = {**base, "transformers_version": "5.0", "_name_or_path": "/b"}
+    assert config_digest(base) == config_digest(same) != config_digest({**base, "rope_theta": 2e6})
+    assert config_digest(None) == ""

@@ -24,7 +24,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSp
 from hybrid_connector.core.config import ENV_PATH, HybridConfig, load_config
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.geometry.presets import load_geometry
-from hybrid_connector.geometry.weights import weights_id
+from hybrid_connector.geometry.weights import config_digest, weights_id
 from hybrid_connector.integrations.vllm.namespace import TOKEN_BITS
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -66,14 +66,16 @@ def model_id_of(vllm_config: VllmConfig, config: HybridConfig) -> str:
     """The served weights' identity for the key fingerprint: a ``model_id`` in
     ``kv_connector_extra_config``, else in the YAML's ``extra_config`` (engines that share
     a remote tier across hosts state they serve the same weights), else
-    ``geometry.weights.weights_id`` of vLLM's model and revision."""
+    ``geometry.weights.weights_id`` of vLLM's model and revision; with the digest of the
+    model's configuration after vLLM's overrides (``config_digest``)."""
     ktc = vllm_config.kv_transfer_config
     extra: dict[str, Any] = dict(ktc.kv_connector_extra_config or {}) if ktc else {}
-    stated = extra.get("model_id") or config.extra_config.get("model_id")
-    if stated:
-        return str(stated)
     mc = vllm_config.model_config
-    return weights_id(str(mc.model), mc.revision) if mc is not None else ""
+    if mc is None:
+        return ""
+    stated = extra.get("model_id") or config.extra_config.get("model_id")
+    weights = str(stated) if stated else weights_id(str(mc.model), mc.revision)
+    return f"{weights}|{config_digest(mc.hf_config)}"
 
 
 def hybrid_config(vllm_config: VllmConfig) -> HybridConfig:

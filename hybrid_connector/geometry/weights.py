@@ -45,24 +45,26 @@ def _files_digest(directory: Path) -> str:
     return blake3.blake3("\n".join(rows).encode()).hexdigest(length=8) if rows else "none"
 
 
-def _hub_snapshot(repo: str, revision: str | None) -> Path | None:
+def _hub_snapshot(repo: str, revision: str | None, cache_dir: str | None) -> Path | None:
     """The local hub cache's snapshot of ``repo`` at ``revision`` (None: not there)."""
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(repo, revision=revision, local_files_only=True))
+        return Path(snapshot_download(repo, revision=revision, cache_dir=cache_dir,
+                                      local_files_only=True))
     except Exception:  # no hub library, not a repo id, not downloaded: nothing to read
         return None
 
 
-def weights_id(model: str, revision: str | None = None) -> str:
-    """The identity of the weights ``model`` names (see the module docstring)."""
+def weights_id(model: str, revision: str | None = None, cache_dir: str | None = None) -> str:
+    """The identity of the weights ``model`` names (see the module docstring);
+    ``cache_dir``: the hub cache the engine downloads into (None: the default one)."""
     if not model:
         return ""
     path = Path(model)
     if path.is_dir():
         return f"{path.resolve()}@{revision or ''}#{_files_digest(path)}"
-    snap = _hub_snapshot(model, revision)
+    snap = _hub_snapshot(model, revision, cache_dir)
     if snap is not None:
         return f"{model}@{snap.name}#{_files_digest(snap)}"
     return f"{model}@{revision or ''}"

@@ -112,3 +112,21 @@ def test_config_digest_ignores_only_private_fields() -> None:
     same = {**base, "transformers_version": "5.0", "_name_or_path": "/b"}
     assert config_digest(base) == config_digest(same) != config_digest({**base, "rope_theta": 2e6})
     assert config_digest(None) == ""
+
+
+def test_a_hub_id_is_read_from_its_local_snapshot(tmp_path: Path) -> None:
+    """A hub id names its downloaded snapshot: the commit "main" points at and the files;
+    a new commit on "main" changes it."""
+    from hybrid_connector.geometry.weights import weights_id
+
+    repo = tmp_path / "models--org--tiny"
+    for sha in ("a" * 40, "b" * 40):
+        (repo / "snapshots" / sha).mkdir(parents=True)
+        (repo / "snapshots" / sha / "model.safetensors").write_bytes(sha[:1].encode())
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    first = weights_id("org/tiny", None, str(tmp_path))
+    assert first.startswith("org/tiny@" + "a" * 40 + "#")
+    (repo / "refs" / "main").write_text("b" * 40)
+    assert weights_id("org/tiny", None, str(tmp_path)).startswith("org/tiny@" + "b" * 40)
+    assert weights_id("org/tiny", "a" * 40, str(tmp_path)) == first

@@ -74,7 +74,9 @@ def model_id_of(vllm_config: VllmConfig, config: HybridConfig) -> str:
     if mc is None:
         return ""
     stated = extra.get("model_id") or config.extra_config.get("model_id")
-    weights = str(stated) if stated else weights_id(str(mc.model), mc.revision)
+    load = getattr(vllm_config, "load_config", None)
+    weights = str(stated) if stated else weights_id(
+        str(mc.model), mc.revision, getattr(load, "download_dir", None))
     return f"{weights}|{config_digest(mc.hf_config)}"
 
 

@@ -9,6 +9,8 @@ depends on the adapter, so adapter KV served across adapters fails its byte chec
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,21 @@ def _serve(sched: Any, runner: h.Runner, req: Any) -> int:
         so = sched.schedule()
         sched.update_from_output(so, runner.step(so))
     return int(side.stats.hit_tokens - before)
+
+
+@contextmanager
+def _saved(root: Path, prompt: list[int]) -> Iterator[Any]:
+    """The scheduler side of an engine that served ``prompt`` (its saves landed), checked
+    to hit for the same request again (the control)."""
+    sched, worker, runner = _engine(root)
+    try:
+        _serve(sched, runner, h.make_request("saved", prompt, 1))
+        side = sched.connector.sched
+        assert side.match(h.make_request("control", prompt, 1), 0)[0] >= 128
+        yield side
+    finally:
+        worker.shutdown()
+    assert runner.bad == []
 
 
 def _prompt(seed: int = 3) -> list[int]:
@@ -96,16 +113,10 @@ def test_an_image_prefix_is_shared_only_up_to_its_placeholder(tmp_path: Path) ->
     """A text-only request saved the same token ids (placeholders included): a request with
     an image at 40 may hit at most there, where the image's tokens begin. (vLLM's scheduler
     cannot schedule encoder inputs for a text-only model: asked at vLLM's hit query.)"""
-    sched, worker, runner = _engine(tmp_path)
-    try:
-        p = _prompt(5)
-        _serve(sched, runner, h.make_request("text", p, 1))
-        side = sched.connector.sched
-        assert side.match(h.make_request("plain", p, 1), 0)[0] >= 128  # the control
+    p = _prompt(5)
+    with _saved(tmp_path, p) as side:
         got, _ = side.match(h.make_request("img", p, 1, mm_features=[_image("cat", 40)]), 0)
         assert (got or 0) <= 40
-    finally:
-        worker.shutdown()
 
 
 def test_a_request_of_prompt_embeddings_is_never_served_or_saved(tmp_path: Path) -> None:
@@ -113,18 +124,11 @@ def test_a_request_of_prompt_embeddings_is_never_served_or_saved(tmp_path: Path)
     hit for it, and nothing of it is tracked for saving."""
     import torch
 
-    sched, worker, runner = _engine(tmp_path)
-    try:
-        zeros = [0] * PROMPT
-        _serve(sched, runner, h.make_request("zeros", zeros, 1))
-        side = sched.connector.sched
-        assert side.match(h.make_request("z2", zeros, 1), 0)[0] >= 128  # the control
+    with _saved(tmp_path, [0] * PROMPT) as side:
         emb = h.make_request("emb", None, 1, prompt_embeds=torch.zeros(PROMPT, 8))
         assert side.match(emb, 0) == (0, False)
         assert "emb" not in side._progress
         assert side.finished(emb) is False
-    finally:
-        worker.shutdown()
 
 
 def test_a_hit_whose_keys_are_not_the_requests_own_hashes_is_refused(tmp_path: Path) -> None:
@@ -137,18 +141,12 @@ def test_a_hit_whose_keys_are_not_the_requests_own_hashes_is_refused(tmp_path: P
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher
     from vllm.v1.request import Request
 
-    sched, worker, runner = _engine(tmp_path)
-    try:
-        p = _prompt(6)
-        _serve(sched, runner, h.make_request("a", p, 1))
-        side = sched.connector.sched
-        assert side.match(h.make_request("same", p, 1), 0)[0] >= 128  # the control
+    p = _prompt(6)
+    with _saved(tmp_path, p) as side:
         other = Request("other", p, SamplingParams(max_tokens=1), None,
                         block_hasher=get_request_block_hasher(s.BLOCK, sha256_cbor))
         assert side.match(other, 0) == (0, False)
         assert side.stats.foreign_refused == 1
-    finally:
-        worker.shutdown()
 
 
 def _variants() -> dict[str, dict[str, Any]]:

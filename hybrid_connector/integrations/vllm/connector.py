@@ -80,7 +80,7 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
             from hybrid_connector.tiers.executor import Executor
 
             rank = _tp_rank(vllm_config)
-            disk = f"{self.config.disk_path}/rank{rank}" if self.config.disk_path else None
+            disk = _disk_dir(self.config.disk_path, vllm_config.parallel_config, rank)
             tiers = build_tiers(self.config, device=_device(), disk_path=disk)
             self.worker = WorkerSide(self.geometry, self.groups, RankWorker(rank, Executor(tiers)),
                                      kv_cache_config.num_blocks)
@@ -256,6 +256,16 @@ def _tp_rank(vllm_config: VllmConfig) -> int:
         pass
     pc = vllm_config.parallel_config
     return int(pc.rank) % max(1, int(pc.tensor_parallel_size))
+
+
+def _disk_dir(root: str | None, pc: Any, rank: int) -> str | None:
+    """This worker's NVMe directory: ``<local_disk>/rank<r>``, under ``dp<d>/`` when vLLM
+    runs data-parallel engines (each its own scheduler and index; on one node they would
+    otherwise share, and lock each other out of, one directory)."""
+    if not root:
+        return None
+    dp = int(getattr(pc, "data_parallel_size", 1) or 1)
+    return f"{root}/dp{int(pc.data_parallel_rank or 0)}/rank{rank}" if dp > 1 else f"{root}/rank{rank}"
 
 
 def _device() -> str:

@@ -70,6 +70,7 @@ def _with(env: dict[str, Any], yaml: str | None = None, policy: str = "recompute
     ("mamba_mode", "mamba_cache_mode"),
     ("hma_off", "hybrid KV cache manager is disabled"),
     ("vocab", "namespaces"),
+    ("pipeline", "pipeline_parallel_size=2"),
 ])
 def test_start_up_fails_closed(env: dict[str, Any], case: str, match: str) -> None:
     vc = _with(env, policy="fail") if case == "policy" else _with(env)
@@ -81,6 +82,8 @@ def test_start_up_fails_closed(env: dict[str, Any], case: str, match: str) -> No
         vc.cache_config.mamba_cache_mode = "none"
     elif case == "hma_off":
         vc.scheduler_config.disable_hybrid_kv_cache_manager = True
+    elif case == "pipeline":  # a stage's worker holds some layers only
+        vc.parallel_config.pipeline_parallel_size = 2
     elif case == "vocab":  # ids past 2**24 cannot be lifted into a namespace
         vc.model_config.model_arch_config.vocab_size = (1 << 24) + 1
     with pytest.raises(HybridStartupError, match=match):

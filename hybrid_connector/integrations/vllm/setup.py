@@ -6,7 +6,7 @@ mapped onto it, and every check that must fail before serving (fail closed).
 model's config, or the YAML's ``model``) whose KV or state bytes differ from the KV cache
 vLLM allocated, an attention layer kind this connector does not move (sliding window,
 MLA with different K and V head sizes), a vocabulary too large for request namespaces
-(``namespace.TOKEN_BITS``).
+(``namespace.TOKEN_BITS``), pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -128,6 +128,11 @@ def check_engine(vllm_config: VllmConfig, config: HybridConfig) -> None:
             raise HybridStartupError(
                 f"mamba_cache_mode={mode!r}: HybridConnector needs 'align' (exact states at "
                 "block boundaries; enable prefix caching)")
+    pp = int(getattr(vllm_config.parallel_config, "pipeline_parallel_size", 1) or 1)
+    if pp > 1:
+        raise HybridStartupError(
+            f"pipeline_parallel_size={pp}: HybridConnector stores every layer of a TP rank in "
+            "one object and serves tensor parallelism only (drop --pipeline-parallel-size)")
     vocab = vllm_config.model_config.get_vocab_size() if vllm_config.model_config else 0
     if vocab > 1 << TOKEN_BITS:
         raise HybridStartupError(

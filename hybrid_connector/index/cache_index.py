@@ -345,6 +345,14 @@ class CacheIndex(IndexCore):
             self.issue(out)
         return rebuilt
 
+    def clear(self, keys: Iterable[ObjectKey] | None = None) -> set[ObjectKey]:
+        """Forget ``keys``, None: everything of this model (``Reclaimer.clear``); returns
+        the keys whose puts are still in flight (clear them again once they report)."""
+        with self.lock:
+            out, waiting = self.reclaim.clear(keys)
+            self.issue(out)
+        return waiting
+
     # ---------------------------------------------------------------- callbacks
     def _on_store_drop(self, keys: Sequence[ObjectKey]) -> None:
         """The backend dropped objects on its own: forget them so no plan promises them."""

@@ -10,12 +10,13 @@ All methods run under the index's lock (the ledger takes its own in each call).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.index.state import IndexCore
 from hybrid_connector.index.table import Effects
 from hybrid_connector.tiers.ledger.ledger import Placement
+from hybrid_connector.tiers.ops import Remove
 from hybrid_connector.tree.coverage import serves_ancestor_state
 from hybrid_connector.tree.radix import Node, ObjectRef
 
@@ -80,6 +81,31 @@ class Reclaimer:
                 ops = list(ix.ledger.remove(key))
             return e.nbytes, Effects(ops)
         return None, Effects()
+
+    def clear(self, keys: Iterable[ObjectKey] | None = None) -> tuple[Effects, set[ObjectKey]]:
+        """Forget ``keys`` (None: every object of this model, the orphans the ledger holds
+        for it included), as the engine asks after its weights changed: each is unindexed
+        and its local copies removed (``unindex``: a checkpoint a lease holds is doomed
+        until released). A put still in flight cannot be taken back: those keys are
+        returned, to be cleared once they report. Copies on the shared tier are removed
+        too (other instances would find them there)."""
+        ix = self.ix
+        out, waiting = Effects(), set(ix.table.pending_keys())
+        todo = list(ix.table.placement()) if keys is None else list(keys)
+        if keys is None:
+            for queue in self.orphans.values():
+                todo += queue
+                queue.clear()
+        shared = ix.ledger.shared_tier
+        for key in todo:
+            if key in waiting:
+                continue
+            with ix.ledger.lock:
+                e = ix.ledger.entries.get(key)
+            if shared is not None and e is not None and e.shared:
+                out.ops.append(Remove(key, shared))
+            out += self.unindex(key) if key in ix.table else Effects(list(ix.ledger.remove(key)))
+        return out, waiting & set(todo)
 
     # ------------------------------------------------------------------ eviction
     def evictable(self, node: Node, kind: ObjectKind) -> bool:

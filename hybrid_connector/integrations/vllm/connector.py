@@ -187,6 +187,11 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         # tail is copied in the next one, so vLLM keeps the blocks until finished_sending
         return self.sched.finished(request, tuple(tuple(x) for x in block_ids)), None
 
+    def reset_cache(self) -> bool | None:
+        """vLLM's connector reset (``SchedulerSide.reset``); None on a worker (nothing to do:
+        removals reach it with the next step's metadata)."""
+        return self.sched.reset() if self.sched is not None else None
+
     def register_finished_partial_tail(self, request: Any, block_ids: tuple[list[int], ...],
                                        partial_tail_offloads: list[tuple[int, int, int]]) -> bool:
         """vLLM's exact blocks for the state at the request's last token (when its own cache

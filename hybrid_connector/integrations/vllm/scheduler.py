@@ -31,7 +31,7 @@ import numpy as np
 
 from hybrid_connector import assemble
 from hybrid_connector.core.config import HybridConfig
-from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.index.plan import MISS, LoadPlan, ObjectSpec
@@ -54,7 +54,7 @@ from hybrid_connector.integrations.vllm.meta import (
 )
 from hybrid_connector.integrations.vllm.namespace import cacheable, lifter, owned
 from hybrid_connector.integrations.vllm.setup import Groups
-from hybrid_connector.integrations.vllm.stats import Counters, hit_sources
+from hybrid_connector.integrations.vllm.stats import Counters
 from hybrid_connector.integrations.vllm.tracked import Tracked
 from hybrid_connector.runtime.progress import TokenBuffer
 from hybrid_connector.runtime.ranks import RankGather
@@ -89,10 +89,10 @@ class SchedulerSide:
         self._open: dict[int, set[int]] = {}  # ticket -> op indices not yet reported by all
         self._adopted = False
         self._finish_saves: list[SaveJob] = []  # end-of-request tails for the next step
+        self._stale: set[ObjectKey] = set()  # in flight at a reset: cleared as they report
         self._recurrent = frozenset(groups.recurrent_groups)
         self._chunk, self._states = config.chunk_size, bool(groups.recurrent)  # per step
-        self._kvb = self.index.geometry.kv_bytes_per_token()
-        self._sb = self.index.geometry.state_bytes()
+        self._kvb, self._sb = geometry.kv_bytes_per_token(), geometry.state_bytes()
         self.answers = AnswerGate(config.save_decode_cache, self.index)  # checkpoints.py
         self.prompts = PromptGate(self.bs)
 
@@ -175,16 +175,8 @@ class SchedulerSide:
             request.request_id, job, local, end, tuple(o.ref.key for o in objs),
             tuple(o.tier for o in objs), tuple(o.ref.nbytes for o in objs), block_ids()))
         self._leases[job] = (plan, lease)
-        self.stats.loads += 1
-        self.stats.loaded_tokens += end - local
-        if lease is not None and self.groups.recurrent and plan.state is None:
-            self.stats.hits_without_state += 1
-        for o in objs:
-            self.stats.hit_sources[o.tier] += 1
-        kv = [o for o in objs if o.ref.key.kind is ObjectKind.KV]
-        rec.sources = hit_sources(
-            [o.tier for o in kv], [(o.ref.key.start, o.ref.key.end) for o in kv], local, end,
-            plan.state.tier if plan.state is not None else None)
+        rec.sources = self.stats.loaded(objs, plan, local, end,
+                                        lease is not None and bool(self.groups.recurrent))
 
     # ---------------------------------------------------------------- saves
     def _admitted_states(self, rec: Tracked, toks: np.ndarray, upto: int, cap: int) -> list[int]:
@@ -354,6 +346,7 @@ class SchedulerSide:
                     if not left:
                         del self._open[rep.ticket]
                         self.gather.forget_ticket(rep.ticket)
+        self._stale = self.index.clear(self._stale) if self._stale else self._stale
         for job, load in meta.load_reports:
             entry = self._leases.get(job)
             if entry is None:
@@ -393,6 +386,13 @@ class SchedulerSide:
         self.prompts.finished(request)
         self.index.finish(toks, request.num_prompt_tokens, start=rec.leaf if rec else None)
         return held
+
+    def reset(self) -> bool:
+        """vLLM's ``reset_cache`` (weights updated): forget every stored object (puts in
+        flight as they report) and stop saving the requests running now (stale KV)."""
+        self._stale |= self.index.clear()
+        self._progress.clear()
+        return True
 
     def close(self) -> None:
         self.index.close()

@@ -17,6 +17,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from vllm.v1.metrics.utils import create_metric_per_engine
 
+from hybrid_connector.core.keys import ObjectKind
+from hybrid_connector.index.plan import LoadPlan, PlannedObject
+
 
 @dataclass
 class Counters:
@@ -33,6 +36,21 @@ class Counters:
     restored: dict[str, int] = field(default_factory=dict)  # warm restart: indexed by kind
     saved_objects: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     hit_sources: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def loaded(self, objs: Sequence[PlannedObject], plan: LoadPlan, local: int, end: int,
+               needs_state: bool) -> dict[CacheHitSource, int]:
+        """Count a load of ``objs`` (``plan``'s objects vLLM lacks) for the external tokens
+        ``[local, end)``; returns those tokens by source (``hit_sources``). ``needs_state``:
+        a leased hit of a recurrent model, which must carry a state."""
+        self.loads += 1
+        self.loaded_tokens += end - local
+        if needs_state and plan.state is None:
+            self.hits_without_state += 1
+        for o in objs:
+            self.hit_sources[o.tier] += 1
+        kv = [o for o in objs if o.ref.key.kind is ObjectKind.KV]
+        return hit_sources([o.tier for o in kv], [(o.ref.key.start, o.ref.key.end) for o in kv],
+                           local, end, plan.state.tier if plan.state is not None else None)
 
 
 #: counter -> what it counts (all totals since start, per engine).

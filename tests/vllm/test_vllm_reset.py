@@ -1,0 +1,66 @@
+"""vLLM's connector reset through vLLM 0.33.0's own Scheduler: ``reset_prefix_cache(
+reset_connector=True)``, what ``pause_generation(clear_cache=True)`` runs around a weight
+update (RL loops). Everything stored before is forgotten and removed from the tiers (puts
+still in flight at the reset included); what is computed after it is stored and served
+again. The runner's model changes with the "weights" at the reset, so a byte stored before
+it and served after fails the runner's check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm")
+
+import vllm_harness as h  # noqa: E402
+import vllm_support as s  # noqa: E402
+
+PROMPT = 150
+
+
+def _held(worker: Any) -> list[Any]:
+    """What the worker's host tier holds."""
+    return worker.worker.worker.executor.tiers["host"].held_keys()
+
+
+def _idle(sched: Any, runner: h.Runner, steps: int = 4) -> None:
+    for _ in range(steps):
+        so = sched.schedule()
+        sched.update_from_output(so, runner.step(so))
+
+
+def _hit(sched: Any, runner: h.Runner, rid: str, prompt: list[int]) -> int:
+    """Tokens the connector served ``rid`` (vLLM's own cache emptied first)."""
+    st = sched.connector.sched.stats
+    assert sched.reset_prefix_cache()
+    before = st.hit_tokens
+    h.run(sched, runner, [h.make_request(rid, prompt, 1)])
+    _idle(sched, runner)
+    return int(st.hit_tokens - before)
+
+
+def test_a_reset_forgets_everything_stored_before_it(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    sched, worker, runner = h.engine(tmp_path, s.BASE_YAML, retention=None, num_blocks=16,
+                                     name="reset.yaml")
+    side = sched.connector.sched
+    try:
+        p = np.random.default_rng(11).integers(0, 128, PROMPT).tolist()
+        _hit(sched, runner, "v1", p)
+        assert _hit(sched, runner, "v1 again", p) >= 128  # the control: stored and served
+        h.run(sched, runner, [h.make_request("v1 last", p + [5] * 40, 1)])  # tail puts in flight
+        assert side.index.table.pending_keys()
+        monkeypatch.setattr(h, "_adapter", lambda nr: b"weights v2")  # the update
+        assert sched.reset_prefix_cache(reset_connector=True)
+        _idle(sched, runner)
+        assert len(side.index.table) == 0 and not side.index.ledger.entries
+        assert _held(worker) == []  # the workers removed the bytes too
+        side.index.check_integrity()
+        assert _hit(sched, runner, "v2", p) == 0
+        assert _hit(sched, runner, "v2 again", p) >= 128  # stored again, after the update
+    finally:
+        worker.shutdown()
+    assert runner.bad == []

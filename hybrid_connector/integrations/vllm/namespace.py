@@ -25,6 +25,7 @@ request's bytes (all but the part below the hit of a KV chunk that runs past it)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,9 +64,15 @@ class Namespace:
     def lift(self, tokens: np.ndarray, first: int) -> np.ndarray:
         """``tokens`` (int64 ids at positions ``first``, ``first + 1``, ...) lifted. Raises
         ValueError for an id of ``2**TOKEN_BITS`` or more in a lifted segment."""
+        if not tokens.size:
+            return tokens
+        if self.starts.size == 1:  # a salt or an adapter alone (the common case): one offset
+            if int(tokens.max()) >= _MAX_TOKEN:
+                raise ValueError(f"token id past {_MAX_TOKEN - 1} in a namespaced request")
+            return tokens + int(self.offsets[0])
         pos = np.arange(first, first + tokens.size, dtype=np.int64)
         off = self.offsets[np.searchsorted(self.starts, pos, side="right") - 1]
-        if tokens.size and int(tokens[off != 0].max(initial=0)) >= _MAX_TOKEN:
+        if int(tokens[off != 0].max(initial=0)) >= _MAX_TOKEN:
             raise ValueError(f"token id past {_MAX_TOKEN - 1} in a namespaced request")
         return tokens + off
 
@@ -79,7 +86,9 @@ def namespace(request: Any) -> Namespace | None:
     if salt is None and not lora and not mm:
         return None
     base: tuple[Any, ...] = (salt, (lora.lora_name, lora.lora_path) if lora else None)
-    features = sorted(mm or (), key=lambda f: f.mm_position.offset)
+    if not mm:
+        return _whole(base)
+    features = sorted(mm, key=lambda f: f.mm_position.offset)
     starts, offsets = [0], [0 if base == (None, None) else _digest(base) << TOKEN_BITS]
     placed: tuple[Any, ...] = base
     for f in features:
@@ -91,6 +100,13 @@ def namespace(request: Any) -> Namespace | None:
             starts.append(at)
             offsets.append(_digest(placed) << TOKEN_BITS)
     return Namespace(np.asarray(starts, dtype=np.int64), np.asarray(offsets, dtype=np.int64))
+
+
+@functools.lru_cache(maxsize=4096)  # tenants and adapters repeat: one digest each
+def _whole(base: tuple[Any, ...]) -> Namespace:
+    """The namespace of a salt and/or an adapter alone: every position, one offset."""
+    return Namespace(np.zeros(1, dtype=np.int64),
+                     np.asarray([_digest(base) << TOKEN_BITS], dtype=np.int64))
 
 
 def lifter(request: Any) -> Callable[[np.ndarray, int], np.ndarray] | None:

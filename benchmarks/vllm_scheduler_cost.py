@@ -207,6 +207,10 @@ def configs(root: Path, args: argparse.Namespace,
     return out
 
 
+#: more of vLLM's ``Request`` arguments every request carries (``--cache-salt``)
+REQUEST_FIELDS: dict[str, Any] = {}
+
+
 def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurrency: int,
         profile: cProfile.Profile | None = None, cpu: bool = True,
         decisions: DecisionTrace | None = None, ops: OpCounter | None = None,
@@ -234,7 +238,7 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     if ops is not None and sched.connector is not None:
         ops.attach(sched.connector)
     runner = (OffloadingStandIn if name == "offloading" else TimingRunner)(cfg, worker)
-    pending = [h.make_request(f"r{i}", p, n) for i, (p, n) in enumerate(reqs)]
+    pending = [h.make_request(f"r{i}", p, n, **REQUEST_FIELDS) for i, (p, n) in enumerate(reqs)]
     pending.reverse()
     first: dict[str, int] = {}
     prompt_tokens = sum(len(p) for p, _ in reqs)
@@ -353,7 +357,12 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true",
                     help="after the timed rounds, one more run of each HybridConnector "
                          "setting printing a digest of its decisions (DecisionTrace)")
+    ap.add_argument("--cache-salt", help="every request carries this cache_salt (one tenant: "
+                    "vLLM mixes it into every block hash, HybridConnector lifts every request "
+                    "into that tenant's namespace); the sharing is the same as without")
     args = ap.parse_args()
+    if args.cache_salt:
+        REQUEST_FIELDS["cache_salt"] = args.cache_salt
     root = Path(tempfile.mkdtemp(prefix="vllm_sched_cost"))
     envs = configs(root, args)  # timed: the tuner as shipped
     # digests and opcode counts: a tuner whose decisions never depend on its thread's speed
@@ -375,7 +384,8 @@ def main() -> None:
     print(f"agentic trace: {len(reqs)} requests, {base['prompt_tokens']} prompt tokens; "
           f"{args.concurrency} running at once, {args.blocks} device blocks of {s.BLOCK} tokens, "
           f"host tier {args.host_mb} MB; {'wall' if args.wall else 'CPU'} time of "
-          "schedule() + update_from_output() per step")
+          "schedule() + update_from_output() per step"
+          + (f"; every request with cache_salt {args.cache_salt!r}" if args.cache_salt else ""))
     print("| connector | steps | token hit rate | mean ms | p50 ms | p99 ms | mean vs none | p99 vs none |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -418,7 +428,8 @@ def main() -> None:
         print(buf.getvalue())
     name = (f"vllm_scheduler_cost_c{args.concurrency}{'_async' if args.async_scheduling else ''}"
             f"{f'_host{args.host_mb}mb' if args.host_mb != HOST_MB else ''}"
-            f"{'_wall' if args.wall else ''}{'_quick' if args.quick else ''}.json")
+            f"{'_wall' if args.wall else ''}{'_salted' if args.cache_salt else ''}"
+            f"{'_quick' if args.quick else ''}.json")
     out = (args.out or ROOT / "benchmarks" / "results") / name
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"settings": {k: v for k, v in vars(args).items()

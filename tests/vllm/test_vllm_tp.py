@@ -2,7 +2,7 @@
 of every KV block and state page (their bytes differ) and its own tiers; their outputs are
 merged by vLLM's ``KVOutputAggregator``. Hits load on both ranks, byte-checked; a load lost
 on one rank only is recomputed on both; each rank's tiers hold exactly what the scheduler's
-ledger says (the ranks never diverge)."""
+ledger says (the ranks never diverge), also after a connector reset."""
 
 from __future__ import annotations
 
@@ -80,3 +80,22 @@ def test_a_shard_lost_on_one_rank_is_recomputed_on_both(tp2: dict[str, Any]) -> 
     assert st.failed_loads >= 1 and st.hits == 0
     assert reps[1]["held"] == {}                           # rank 1 lost everything
     sched.connector.sched.index.check_integrity()
+
+
+def test_a_reset_empties_every_ranks_tiers(tp2: dict[str, Any]) -> None:
+    """vLLM's connector reset (``reset_prefix_cache(reset_connector=True)``): the removals
+    reach both ranks, whose tiers end empty, as the scheduler's index and ledger do."""
+    sched = h.make_scheduler(tp2["vc"], tp2["cfg"])
+    workers = vp.TPWorkers(tp2["vc"], tp2["cfg"], 2)
+    try:
+        h.run(sched, workers, _requests(), evict_every=2)
+        assert all(r["held"] for r in workers.reports())
+        assert sched.reset_prefix_cache(reset_connector=True)
+        for _ in range(4):  # the next steps carry the removals (and the last puts' reports)
+            so = sched.schedule()
+            sched.update_from_output(so, workers.step(so))
+        reps = workers.reports()
+        assert not _ledger(sched) and len(sched.connector.sched.index.table) == 0
+        assert all(r["held"] == {} and r["bad"] == [] for r in reps)
+    finally:
+        workers.close()

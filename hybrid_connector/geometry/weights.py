@@ -8,7 +8,7 @@ architecture adopts what its NVMe tier kept for the old ones, and engines servin
 different weights over one remote tier load each other's KV and states: wrong outputs,
 silently.
 
-``weights_id(model, revision, config)``: ``model`` as the engine names it (a local
+``weights_id(model, revision)``: ``model`` as the engine names it (a local
 directory or a hub id) and its revision, plus a digest of the weight files' names, sizes
 and modification times, read from the directory, or for a hub id from the local hub
 cache's snapshot of that revision when there is one (the snapshot's path holds its
@@ -18,7 +18,8 @@ take minutes at start-up. A hub id with no local snapshot gives ``id@revision`` 
 a RoPE scaling, a norm epsilon change the KV of the same weights). Engines that share a
 remote tier across hosts, where the copies differ in path or file times, state that they
 serve the same weights by setting the integration's explicit ``model_id``, to which the
-configuration's digest is still added.
+configuration's digest is still added. ``model_identity`` puts the two together, as every
+integration fingerprints its keys.
 """
 
 from __future__ import annotations
@@ -80,3 +81,12 @@ def config_digest(config: Any) -> str:
     kept = {k: v for k, v in raw.items() if not k.startswith("_") and k != "transformers_version"}
     blob = json.dumps(kept, sort_keys=True, default=str).encode()
     return "cfg:" + blake3.blake3(blob).hexdigest(length=8)
+
+
+def model_identity(model: str, revision: str | None, config: Any, cache_dir: str | None = None,
+                   stated: str | None = None) -> str:
+    """The ``model_id`` an integration fingerprints keys with: ``stated`` (the operator's
+    own name for the weights) or ``weights_id(model, revision, cache_dir)``, then
+    ``config_digest(config)``."""
+    weights = str(stated) if stated else weights_id(model, revision, cache_dir)
+    return f"{weights}|{config_digest(config)}"

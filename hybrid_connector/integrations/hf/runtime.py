@@ -48,7 +48,7 @@ from hybrid_connector import assemble
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.geometry.anchors import configured_anchors
 from hybrid_connector.geometry.model import ModelGeometry
-from hybrid_connector.geometry.weights import config_digest, weights_id
+from hybrid_connector.geometry.weights import model_identity
 from hybrid_connector.index.plan import LoadPlan, LoadResult, SaveResult
 from hybrid_connector.integrations.hf.anchors import AnchorLayout, AnchorRecorder
 from hybrid_connector.integrations.hf.replay import gather_anchors, refuse_replay, replay_states
@@ -142,16 +142,18 @@ class HFRuntime:
                anchors: bool | None = None, gate: ReplayGate | None = None,
                alignment: int = 1, **cache_kwargs: Any) -> HFRuntime:
         """Build the cache for ``model`` (geometry, layout and weights fingerprinted: a
-        ``model_id`` in ``cache_kwargs``, else ``geometry.weights.weights_id`` of where the
-        model was loaded from and ``config_digest`` of its configuration; embedded over ``store``, default the config's tiers, or a
-        ``ServerCache`` when the config names a ``cache_server``) and the runtime over it."""
+        ``model_id`` in ``cache_kwargs``, else ``geometry.weights.model_identity`` of where
+        the model was loaded from and its configuration; embedded over ``store``, default
+        the config's tiers, or a ``ServerCache`` when the config names a ``cache_server``)
+        and the runtime over it."""
         geometry = geometry_for(model)
         HFStateAdapter(model, geometry)  # refuse a cache the geometry does not describe, first
         anchors_at = anchor_layout(geometry, *configured_anchors(config))
         layout = {"engine": "transformers", **anchors_at.fingerprint()}
-        cache_kwargs.setdefault("model_id", weights_id(
-            str(getattr(model, "name_or_path", "") or ""),
-            getattr(model.config, "_commit_hash", None)) + "|" + config_digest(model.config))
+        if "model_id" not in cache_kwargs:  # only when asked: the weights' files are stat'ed
+            cache_kwargs["model_id"] = model_identity(
+                str(getattr(model, "name_or_path", "") or ""),
+                getattr(model.config, "_commit_hash", None), model.config)
         cache = assemble.engine_cache(config, geometry, store, layout=layout, **cache_kwargs)
         return cls(model, cache, anchors=anchors, gate=gate, alignment=alignment)
 

@@ -24,7 +24,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, MambaSp
 from hybrid_connector.core.config import ENV_PATH, HybridConfig, load_config
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.geometry.presets import load_geometry
-from hybrid_connector.geometry.weights import config_digest, weights_id
+from hybrid_connector.geometry.weights import model_identity
 from hybrid_connector.integrations.vllm.namespace import TOKEN_BITS
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -55,11 +55,15 @@ class Groups:
     num_groups: int
 
 
+def _extra(vllm_config: VllmConfig) -> dict[str, Any]:
+    """``--kv-transfer-config``'s ``kv_connector_extra_config`` ({} when unset)."""
+    ktc = vllm_config.kv_transfer_config
+    return dict(ktc.kv_connector_extra_config or {}) if ktc else {}
+
+
 def config_path(vllm_config: VllmConfig) -> str | None:
     """The YAML from ``kv_connector_extra_config.config_file``, else ``HYBRID_CONNECTOR_CONFIG``."""
-    ktc = vllm_config.kv_transfer_config
-    extra: dict[str, Any] = dict(ktc.kv_connector_extra_config or {}) if ktc else {}
-    return extra.get("config_file") or os.environ.get(ENV_PATH)
+    return _extra(vllm_config).get("config_file") or os.environ.get(ENV_PATH)
 
 
 def model_id_of(vllm_config: VllmConfig, config: HybridConfig) -> str:
@@ -68,16 +72,13 @@ def model_id_of(vllm_config: VllmConfig, config: HybridConfig) -> str:
     a remote tier across hosts state they serve the same weights), else
     ``geometry.weights.weights_id`` of vLLM's model and revision; with the digest of the
     model's configuration after vLLM's overrides (``config_digest``)."""
-    ktc = vllm_config.kv_transfer_config
-    extra: dict[str, Any] = dict(ktc.kv_connector_extra_config or {}) if ktc else {}
     mc = vllm_config.model_config
     if mc is None:
         return ""
-    stated = extra.get("model_id") or config.extra_config.get("model_id")
+    stated = _extra(vllm_config).get("model_id") or config.extra_config.get("model_id")
     load = getattr(vllm_config, "load_config", None)
-    weights = str(stated) if stated else weights_id(
-        str(mc.model), mc.revision, getattr(load, "download_dir", None))
-    return f"{weights}|{config_digest(mc.hf_config)}"
+    return model_identity(str(mc.model), mc.revision, mc.hf_config,
+                          getattr(load, "download_dir", None), stated=stated)
 
 
 def hybrid_config(vllm_config: VllmConfig) -> HybridConfig:

@@ -67,12 +67,13 @@ class Namespace:
         if not tokens.size:
             return tokens
         if self.starts.size == 1:  # a salt or an adapter alone (the common case): one offset
-            if int(tokens.max()) >= _MAX_TOKEN:
-                raise ValueError(f"token id past {_MAX_TOKEN - 1} in a namespaced request")
-            return tokens + int(self.offsets[0])
-        pos = np.arange(first, first + tokens.size, dtype=np.int64)
-        off = self.offsets[np.searchsorted(self.starts, pos, side="right") - 1]
-        if int(tokens[off != 0].max(initial=0)) >= _MAX_TOKEN:
+            off: np.ndarray | int = int(self.offsets[0])
+            checked = tokens
+        else:
+            pos = np.arange(first, first + tokens.size, dtype=np.int64)
+            off = self.offsets[np.searchsorted(self.starts, pos, side="right") - 1]
+            checked = tokens[off != 0]  # ids before the first input stay as they are
+        if int(checked.max(initial=0)) >= _MAX_TOKEN:
             raise ValueError(f"token id past {_MAX_TOKEN - 1} in a namespaced request")
         return tokens + off
 
@@ -92,8 +93,8 @@ def namespace(request: Any) -> Namespace | None:
     starts, offsets = [0], [0 if base == (None, None) else _digest(base) << TOKEN_BITS]
     placed: tuple[Any, ...] = base
     for f in features:
-        placed = (*placed, (f.identifier, int(f.mm_position.offset)))
         at = int(f.mm_position.offset)
+        placed = (*placed, (f.identifier, at))
         if at == starts[-1]:
             offsets[-1] = _digest(placed) << TOKEN_BITS
         else:

@@ -150,8 +150,7 @@ def test_a_load_that_fails_on_the_worker_is_recomputed(env: dict[str, Any],
 
 TIER_YAML = {
     "host": "pools:\n  host: {{kv: 4MB, state: 2MB}}\n",
-    "disk": ("local_cpu: false\nlocal_disk: {dir}\nmax_local_disk_size: 8MB\ndisk_fsync: false\n"
-             "pools:\n  disk: {{kv: 4MB, state: 4MB}}\n"),
+    "disk": s.DISK_YAML,
     "redis": "local_cpu: false\nremote_url: {url}\npools:\n  remote: {{kv: 8MB, state: 8MB}}\n",
     "lm": "local_cpu: false\nremote_url: {url}\npools:\n  remote: {{kv: 8MB, state: 8MB}}\n",
 }

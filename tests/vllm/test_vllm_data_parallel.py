@@ -17,9 +17,6 @@ import vllm_support as s  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
-DISK = ("local_cpu: false\nlocal_disk: {dir}\nmax_local_disk_size: 8MB\ndisk_fsync: false\n"
-        "pools:\n  disk: {{kv: 4MB, state: 4MB}}\n")
-
 
 def _engines(model: Path, yaml: Path) -> list[tuple[Any, h.Runner]]:
     """Both engines of a two-way data-parallel deployment: (scheduler, runner) each."""
@@ -36,7 +33,7 @@ def _engines(model: Path, yaml: Path) -> list[tuple[Any, h.Runner]]:
 
 def test_data_parallel_engines_keep_their_own_nvme_directories(tmp_path: Path) -> None:
     yaml = tmp_path / "nvme.yaml"
-    yaml.write_text(s.BASE_YAML.split("pools:")[0] + DISK.format(dir=tmp_path / "nvme"))
+    yaml.write_text(s.BASE_YAML.split("pools:")[0] + s.DISK_YAML.format(dir=tmp_path / "nvme"))
     model = s.tiny_nemotron_h(tmp_path)
     prompts = {dp: list(range(3 + dp, 150 + dp)) for dp in (0, 1)}
     for dp, (sched, runner) in enumerate(_engines(model, yaml)):

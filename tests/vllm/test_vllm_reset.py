@@ -26,19 +26,13 @@ def _held(worker: Any) -> list[Any]:
     return worker.worker.worker.executor.tiers["host"].held_keys()
 
 
-def _idle(sched: Any, runner: h.Runner, steps: int = 4) -> None:
-    for _ in range(steps):
-        so = sched.schedule()
-        sched.update_from_output(so, runner.step(so))
-
-
 def _hit(sched: Any, runner: h.Runner, rid: str, prompt: list[int]) -> int:
     """Tokens the connector served ``rid`` (vLLM's own cache emptied first)."""
     st = sched.connector.sched.stats
     assert sched.reset_prefix_cache()
     before = st.hit_tokens
     h.run(sched, runner, [h.make_request(rid, prompt, 1)])
-    _idle(sched, runner)
+    h.idle(sched, runner)
     return int(st.hit_tokens - before)
 
 
@@ -55,7 +49,7 @@ def test_a_reset_forgets_everything_stored_before_it(tmp_path: Path,
         assert side.index.table.pending_keys()
         monkeypatch.setattr(h, "_adapter", lambda nr: b"weights v2")  # the update
         assert sched.reset_prefix_cache(reset_connector=True)
-        _idle(sched, runner)
+        h.idle(sched, runner)
         assert len(side.index.table) == 0 and not side.index.ledger.entries
         assert _held(worker) == []  # the workers removed the bytes too
         side.index.check_integrity()

@@ -91,9 +91,7 @@ def test_a_reset_empties_every_ranks_tiers(tp2: dict[str, Any]) -> None:
         h.run(sched, workers, _requests(), evict_every=2)
         assert all(r["held"] for r in workers.reports())
         assert sched.reset_prefix_cache(reset_connector=True)
-        for _ in range(4):  # the next steps carry the removals (and the last puts' reports)
-            so = sched.schedule()
-            sched.update_from_output(so, workers.step(so))
+        h.idle(sched, workers)  # the next steps carry the removals (and the last puts' reports)
         reps = workers.reports()
         assert not _ledger(sched) and len(sched.connector.sched.index.table) == 0
         assert all(r["held"] == {} and r["bad"] == [] for r in reps)

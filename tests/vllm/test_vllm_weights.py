@@ -23,9 +23,6 @@ import vllm_support as s  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
 
-DISK = ("local_cpu: false\nlocal_disk: {dir}\nmax_local_disk_size: 8MB\ndisk_fsync: false\n"
-        "pools:\n  disk: {{kv: 4MB, state: 4MB}}\n")
-
 
 def _weights(model: Path, version: int) -> None:
     """A real safetensors file (vLLM reads its header at start-up), one per version."""
@@ -67,7 +64,7 @@ def test_a_restart_adopts_only_what_its_own_weights_stored(tmp_path: Path, case:
                                                            adopted: bool) -> None:
     yaml = tmp_path / "nvme.yaml"
     stated = "extra_config: {model_id: org/tiny-ft@0123abc}\n" if "YAML" in case else ""
-    yaml.write_text(s.BASE_YAML.split("pools:")[0] + DISK.format(dir=tmp_path / "nvme") + stated)
+    yaml.write_text(s.BASE_YAML.split("pools:")[0] + s.DISK_YAML.format(dir=tmp_path / "nvme") + stated)
     model = s.tiny_nemotron_h(tmp_path)
     _weights(model, 1)
     model_id = "org/tiny-ft@0123abc" if "model_id" in case and not stated else None

@@ -298,6 +298,14 @@ def run_mixed(sched: Any, runner: Any, requests: list[Any], arrive_every: int = 
     return outs
 
 
+def idle(sched: Any, runner: Any, steps: int = 4) -> None:
+    """Step the engine ``steps`` times with nothing new to serve (what the last steps'
+    saves, removals and reports need to reach the workers and come back)."""
+    for _ in range(steps):
+        so = sched.schedule()
+        sched.update_from_output(so, runner.step(so))
+
+
 def settle(sched: Any, runner: Any, tokens: list[int], deadline_s: float = 60.0) -> int:
     """Step the idle engine until every save the index knows of for ``tokens`` is reported
     stored (the puts of a finished request's tail come back a step or more after the copy)

@@ -27,6 +27,9 @@ pools:
   host: {kv: 4MB, state: 2MB}
 replay: false
 """
+#: an NVMe tier only, under ``{dir}`` (a test appends it to the keys above its ``pools:``)
+DISK_YAML = ("local_cpu: false\nlocal_disk: {dir}\nmax_local_disk_size: 8MB\ndisk_fsync: false\n"
+             "pools:\n  disk: {{kv: 4MB, state: 4MB}}\n")
 
 
 def tiny_nemotron_h(root: Path) -> Path:

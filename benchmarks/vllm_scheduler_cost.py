@@ -45,7 +45,10 @@ that has run a while). HybridConnector's timed runs keep the shipped tuner setti
 a thread of the same process, which the engine's thread waits on for the interpreter lock
 (``--wall`` shows it; CPU time does not); ``--trace`` and ``--ops`` run it deterministic,
 so their digests and counts repeat.
-Writes ``vllm_scheduler_cost_c<concurrency>[_async][_host<MB>mb][_wall][_quick].json``
+``--kv-events`` turns vLLM's KV events on for every run (``--kv-events-config``, its null
+publisher): the timed calls then build the events of vLLM's own cache and of each
+connector's tiers (``connector_events`` counts the connector's).
+Writes ``vllm_scheduler_cost_c<concurrency>[_async][_host<MB>mb][_wall][_salted][_events][_quick].json``
 under ``--out`` (default ``benchmarks/results``).
 """
 
@@ -203,6 +206,10 @@ def configs(root: Path, args: argparse.Namespace,
             ktc.kv_connector = "OffloadingConnector"
             ktc.kv_connector_module_path = None
             ktc.kv_connector_extra_config = {"cpu_bytes_to_use": host, "block_size": s.BLOCK}
+        if args.kv_events:  # vLLM's KV events on, published nowhere (its null publisher)
+            from vllm.config import KVEventsConfig
+
+            vc.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
         out[name] = (vc, s.kv_cache_config(vc, num_blocks=args.blocks))
     return out
 
@@ -225,6 +232,14 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
 
     sched = h.make_scheduler(vc, cfg, pipelined)
     worker = reports = None
+    events = [0]  # the connector's KV events published (``--kv-events``)
+    publish = sched.kv_event_publisher.publish
+
+    def counted(batch: Any) -> None:
+        events[0] += sum(getattr(e, "medium", None) not in ("GPU", None) for e in batch.events)
+        publish(batch)
+
+    sched.kv_event_publisher.publish = counted
     if name in HYBRID:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -297,6 +312,7 @@ def run(name: str, vc: Any, cfg: Any, reqs: list[tuple[list[int], int]], concurr
     return {"connector": name, "steps": len(times), "requests": len(reqs),
             "prompt_tokens": prompt_tokens, "hit_tokens": hit,
             "token_hit_rate": round(hit / max(1, prompt_tokens), 4), "connector_hit_tokens": external,
+            "connector_events": events[0],
             "mean_ms": round(float(ms.mean()), 4), "p50_ms": round(float(np.percentile(ms, 50)), 4),
             "p99_ms": round(float(np.percentile(ms, 99)), 4)}
 
@@ -357,6 +373,9 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true",
                     help="after the timed rounds, one more run of each HybridConnector "
                          "setting printing a digest of its decisions (DecisionTrace)")
+    ap.add_argument("--kv-events", action="store_true",
+                    help="vLLM's KV events on (--kv-events-config enable_kv_cache_events, null "
+                         "publisher): what building them costs each connector")
     ap.add_argument("--cache-salt", help="every request carries this cache_salt (one tenant: "
                     "vLLM mixes it into every block hash, HybridConnector lifts every request "
                     "into that tenant's namespace); the sharing is the same as without")
@@ -385,7 +404,8 @@ def main() -> None:
           f"{args.concurrency} running at once, {args.blocks} device blocks of {s.BLOCK} tokens, "
           f"host tier {args.host_mb} MB; {'wall' if args.wall else 'CPU'} time of "
           "schedule() + update_from_output() per step"
-          + (f"; every request with cache_salt {args.cache_salt!r}" if args.cache_salt else ""))
+          + (f"; every request with cache_salt {args.cache_salt!r}" if args.cache_salt else "")
+          + ("; vLLM's KV events on" if args.kv_events else ""))
     print("| connector | steps | token hit rate | mean ms | p50 ms | p99 ms | mean vs none | p99 vs none |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -405,6 +425,8 @@ def main() -> None:
                   + ", ".join(f"{k} {v['median']:.2f}x (range {v['min']:.2f}-{v['max']:.2f}x)"
                               for k, v in a["paired_vs_offloading"].items())
                   + f" over {args.repeat} rounds")
+    for r in rows if args.kv_events else ():
+        print(f"KV events of the connector's tiers, {LABELS[r['connector']]}: {r['connector_events']}")
     for name in HYBRID:
         if name in by:
             print(f"tokens {LABELS[name]} loaded: {by[name]['connector_hit_tokens']} (the rest of "
@@ -429,6 +451,7 @@ def main() -> None:
     name = (f"vllm_scheduler_cost_c{args.concurrency}{'_async' if args.async_scheduling else ''}"
             f"{f'_host{args.host_mb}mb' if args.host_mb != HOST_MB else ''}"
             f"{'_wall' if args.wall else ''}{'_salted' if args.cache_salt else ''}"
+            f"{'_events' if args.kv_events else ''}"
             f"{'_quick' if args.quick else ''}.json")
     out = (args.out or ROOT / "benchmarks" / "results") / name
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -213,6 +213,8 @@ class Saver:
                 ix.tree.lock_kv(leaf, -1)
             for r in refused:
                 ix.stats.rejected[r.kind.value] += 1
+            if ix.table.changes is not None:  # moves: read from another tier now
+                ix.table.touched(op.key for op in out.ops)
             survivor = self.reclaim.tidy_new(leaf, first_new)
             ix.clock += 1
             ix.eviction.on_access(ix.tree.path_to(survivor), ix.clock)

@@ -75,6 +75,8 @@ class StateTable:
         self._outbox: list[Op] = []
         self._foreign_drops: list[ObjectKey] = []
         self.max_kv_len = max_kv_len  # the longest KV chunk indexed so far (hit search bound)
+        # keys whose residency may have changed since ``take_changes`` (None: not recorded)
+        self.changes: set[ObjectKey] | None = None
 
     # ------------------------------------------------------------------ queries
     def node_of(self, key: ObjectKey) -> int | None:
@@ -145,6 +147,8 @@ class StateTable:
         """``key`` is indexed, loadable, at node ``node_id`` (a warm restart's or another
         instance's object, or one the tree moved; see ``moved``)."""
         self._place(key, node_id)
+        if self.changes is not None:
+            self.changes.add(key)
         if key.kind is ObjectKind.KV:
             self.max_kv_len = max(self.max_kv_len, key.end - key.start)
 
@@ -178,6 +182,8 @@ class StateTable:
         self._pending.discard(key)
         node_id = self._where[key]
         self._pending_at(node_id, -1)
+        if self.changes is not None:
+            self.changes.add(key)
         return node_id
 
     def doom(self, key: ObjectKey) -> None:
@@ -186,10 +192,14 @@ class StateTable:
         if key not in self._where:
             raise KeyError(f"{key} is not indexed")
         self._doomed.add(key)
+        if self.changes is not None:
+            self.changes.add(key)
 
     def pardon(self, key: ObjectKey) -> None:
         """``key`` is no longer doomed (whether it was or not)."""
         self._doomed.discard(key)
+        if self.changes is not None:
+            self.changes.add(key)
 
     def forget(self, key: ObjectKey) -> None:
         """``key`` is no longer indexed (pending, doomed or ready). Unknown keys: no-op."""
@@ -198,6 +208,8 @@ class StateTable:
             self._pending.discard(key)
             self._pending_at(node_id, -1)
         self._doomed.discard(key)
+        if self.changes is not None:
+            self.changes.add(key)
 
     # ------------------------------------------------------------------ leases
     def open_lease(self, kv_nodes: tuple[int, ...], state_node: int,
@@ -223,7 +235,28 @@ class StateTable:
     # ------------------------------------------------------------------ effects
     def queue(self, ops: Iterable[Op]) -> None:
         """Ops for the workers, run after those queued before (see ``take_ops``)."""
+        n = len(self._outbox)
         self._outbox.extend(ops)
+        if self.changes is not None:
+            self.changes.update(op.key for op in self._outbox[n:])
+
+    def touched(self, keys: Iterable[ObjectKey]) -> None:
+        """The tiers' placement of ``keys`` may have changed (ops issued for them: a move
+        between tiers changes nothing here but where they are read from)."""
+        if self.changes is not None:
+            self.changes.update(keys)
+
+    def watch(self) -> None:
+        """Start recording the keys whose residency may change (indexed, landed, doomed,
+        pardoned, forgotten, or an op issued for them) for ``take_changes``: a change feed
+        for an engine's KV events. Off by default (no cost)."""
+        if self.changes is None:
+            self.changes = set()
+
+    def take_changes(self) -> set[ObjectKey]:
+        """The keys recorded since the last call (empty when not watching)."""
+        got, self.changes = self.changes or set(), set() if self.changes is not None else None
+        return got
 
     def take_ops(self) -> list[Op]:
         """The ops queued since the last call, in order; the queue is left empty."""

@@ -16,10 +16,12 @@ Every vLLM quirk handled is written down where it is handled.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from vllm.config import VllmConfig
+from vllm.distributed.kv_events import KVCacheEvent
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -31,6 +33,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from hybrid_connector.integrations.vllm.events import kv_events
 from hybrid_connector.integrations.vllm.meta import HybridConnectorMetadata, HybridWorkerMetadata
 from hybrid_connector.integrations.vllm.pages import attention_backends
 from hybrid_connector.integrations.vllm.scheduler import SchedulerSide
@@ -75,6 +78,8 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
             tp = vllm_config.parallel_config.tensor_parallel_size
             self.sched = SchedulerSide(self.config, self.geometry, self.groups, tp, hash_block, layout,
                                        model_id_of(vllm_config, self.config))
+            self.sched.events = kv_events(vllm_config, kv_cache_config, self.sched.index,
+                                          self.groups, hash_block)
         else:
             from hybrid_connector.tiers.configured import build_tiers
             from hybrid_connector.tiers.executor import Executor
@@ -213,6 +218,11 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
         return dict(got)
 
     # ================================================================ telemetry
+    def take_events(self) -> Iterable[KVCacheEvent]:
+        """vLLM's KV events for what the tiers hold (``events.py``); none unless enabled."""
+        ev = self.sched.events if self.sched is not None else None
+        return ev.take() if ev is not None else ()
+
     def get_kv_connector_stats(self) -> HybridStats | None:
         return self.worker.take_stats() if self.worker is not None else None
 

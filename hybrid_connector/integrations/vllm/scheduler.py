@@ -42,6 +42,7 @@ from hybrid_connector.integrations.vllm.checkpoints import (
     save_cap,
     wanted_states,
 )
+from hybrid_connector.integrations.vllm.events import KvEvents
 from hybrid_connector.integrations.vllm.junctions import offer_junction
 from hybrid_connector.integrations.vllm.load_gate import gated
 from hybrid_connector.integrations.vllm.meta import (
@@ -95,15 +96,15 @@ class SchedulerSide:
         self._kvb, self._sb = geometry.kv_bytes_per_token(), geometry.state_bytes()
         self.answers = AnswerGate(config.save_decode_cache, self.index)  # checkpoints.py
         self.prompts = PromptGate(self.bs)
+        self.events: KvEvents | None = None  # vLLM's KV events, when enabled (events.py)
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
         """The request's tokens so far, lifted into its namespace (``namespace.py``; copied
         in once each, for a tracked request)."""
         rec = self._progress.get(request.request_id)
-        if rec is None:
-            return TokenBuffer(lifter(request)).view(request.all_token_ids, request.num_tokens)
-        return rec.tokens.view(request.all_token_ids, request.num_tokens)
+        buf = rec.tokens if rec is not None else TokenBuffer(lifter(request))
+        return buf.view(request.all_token_ids, request.num_tokens)
 
     def sources_of(self, request_id: str) -> dict[Any, int] | None:
         """The external tokens of the request's last load, by the tier they came from."""
@@ -242,6 +243,8 @@ class SchedulerSide:
             blocks = tuple(state_blocks[sp.end].items()) if sp.kind is ObjectKind.STATE else ()
             objects.append(SaveObject(key, sp.kind, sp.start, sp.end, blocks))
             self.stats.saved_objects[sp.kind.value] += 1
+        if self.events is not None:
+            self.events.describe(rec.request, objects)
         if not ticket.ops:
             self.gather.forget_ticket(ticket.id)
             return None
@@ -284,9 +287,8 @@ class SchedulerSide:
         if len(blocks) != len(self.groups.recurrent_groups):
             return False  # a block already gone (null): nothing exact to copy
         toks = rec.tokens.view(request.all_token_ids, request.num_tokens)[:n]
-        kv_from = rec.kv_saved
+        kv_from, kvb = rec.kv_saved, self._kvb
         specs: list[ObjectSpec] = []
-        kvb = self._kvb
         if kvb and n > kv_from:
             specs += [ObjectSpec(ObjectKind.KV, s, e, (e - s) * kvb)
                       for s, e in cut_chunks(kv_from, n, self.config.chunk_size)]
@@ -358,11 +360,7 @@ class SchedulerSide:
             del self._leases[job]
             if lease is not None:
                 self.index.release(lease)
-            if failed or lease is None:
-                self.stats.failed_loads += 1
-            else:
-                self.stats.hits += 1
-                self.stats.hit_tokens += plan.num_tokens
+            self.stats.reported(not failed and lease is not None, plan.num_tokens)
 
     def _adopt(self, inventory: list[tuple[int, list[Held]]]) -> None:
         """Each rank's first report: what its NVMe tier kept (``RankGather.inventory``

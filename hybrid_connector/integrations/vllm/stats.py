@@ -52,6 +52,14 @@ class Counters:
         return hit_sources([o.tier for o in kv], [(o.ref.key.start, o.ref.key.end) for o in kv],
                            local, end, plan.state.tier if plan.state is not None else None)
 
+    def reported(self, ok: bool, tokens: int) -> None:
+        """A load of a ``tokens``-token hit came back from every rank (``ok``: intact)."""
+        if ok:
+            self.hits += 1
+            self.hit_tokens += tokens
+        else:
+            self.failed_loads += 1
+
 
 #: counter -> what it counts (all totals since start, per engine).
 COUNTERS = {

@@ -136,14 +136,17 @@ class DecisionTrace:
     def __init__(self) -> None:
         self.h = hashlib.blake2b(digest_size=16)
         self.counts = {"matches": 0, "loads": 0, "saves": 0, "op_batches": 0, "finishes": 0}
+        self.fingerprint = "?"
 
     def _add(self, what: str, *x: Any) -> None:
         self.counts[what] += 1
-        self.h.update(repr((what, *x)).encode())
+        # keys carry the weights identity, which names the run's temporary model folder
+        self.h.update(repr((what, *x)).replace(self.fingerprint, "fp").encode())
 
     def attach(self, side: Any) -> None:
         """Record what ``side`` (a ``SchedulerSide``) answers, wrapping its instance."""
         match, build, finished = side.match, side.build_meta, side.finished
+        self.fingerprint = side.index.fingerprint
 
         def traced_match(request: Any, n: int) -> Any:
             got = match(request, n)

@@ -246,6 +246,27 @@ def test_events_go_through_vllms_zmq_publisher(tmp_path: Path) -> None:
         worker.shutdown()
 
 
+def test_a_restart_announces_what_its_nvme_tier_kept(tmp_path: Path) -> None:
+    """A router that lost the engine (it restarted) learns what the NVMe tier kept and the
+    new engine adopted, without a request: from the first steps' events."""
+    sched, worker, runner = _engine(tmp_path, TIERED, events={"publisher": "null"})
+    _serve(sched, runner, _prompts(3), "a")
+    worker.shutdown()
+    sched.connector.shutdown()
+    assert runner.bad == []
+    sched, worker, runner = _engine(tmp_path, TIERED, events={"publisher": "null"})
+    cap = sched.kv_event_publisher = Capture(sched.kv_event_publisher)
+    try:
+        h.idle(sched, runner)
+        side = sched.connector.sched
+        assert side.stats.restored  # adopted
+        held = _router(cap.events())
+        assert held and {m for _, _, m in held} == {"STORAGE"}
+        assert set(held) == _servable(side)
+    finally:
+        worker.shutdown()
+
+
 def test_no_events_unless_vllm_publishes_them(tmp_path: Path) -> None:
     sched, worker, runner = _engine(tmp_path, TIERED, events=None)
     side = sched.connector.sched

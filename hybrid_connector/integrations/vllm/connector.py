@@ -80,6 +80,9 @@ class HybridConnector(KVConnectorBase_V1, SupportsHMA):
                                        model_id_of(vllm_config, self.config))
             self.sched.events = kv_events(vllm_config, kv_cache_config, self.sched.index,
                                           self.groups, hash_block)
+            # ``kv_consumer`` (a decode instance fed by a shared tier): loads, saves nothing,
+            # as vLLM itself finalizes partial tails for producers only
+            self.sched.saving = ktc is None or ktc.is_kv_producer
         else:
             from hybrid_connector.tiers.configured import build_tiers
             from hybrid_connector.tiers.executor import Executor

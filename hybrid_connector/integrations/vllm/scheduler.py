@@ -97,6 +97,7 @@ class SchedulerSide:
         self.answers = AnswerGate(config.save_decode_cache, self.index)  # checkpoints.py
         self.prompts = PromptGate(self.bs)
         self.events: KvEvents | None = None  # vLLM's KV events, when enabled (events.py)
+        self.saving = True  # False: vLLM's ``kv_role`` is ``kv_consumer`` (loads only)
 
     # ---------------------------------------------------------------- hits
     def tokens(self, request: Any) -> np.ndarray:
@@ -273,7 +274,7 @@ class SchedulerSide:
         and copied in a step after that one. More than one token in flight (speculative
         drafts, a prefill chunk), or one whose token is not known yet: no tail."""
         rec = self._progress.get(request.request_id)
-        if rec is None:
+        if rec is None or not self.saving:
             return False
         n = request.num_computed_tokens
         vllm_blocks, rec.tail_blocks = rec.tail_blocks, None
@@ -314,7 +315,8 @@ class SchedulerSide:
                 rec.offers.setdefault(q, {})[int(g)] = int(block_id)
                 if q not in rec.states_saved:
                     rec.open_offers.add(q)
-        for rid, n in scheduler_output.num_scheduled_tokens.items() if bstate is not None else ():
+        for rid, n in scheduler_output.num_scheduled_tokens.items() \
+                if bstate is not None and self.saving else ():
             rec = self._progress.get(rid)
             if rec is None:
                 continue

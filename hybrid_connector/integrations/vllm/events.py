@@ -91,8 +91,8 @@ class KvEvents:
             return
         bs, hb, hashes, lora = self.bs, self.hb, request.block_hashes, request.lora_request
         for o in objects:
-            if o.end % bs or o.key in self._payloads:
-                continue
+            if o.end % bs or o.key in self._payloads or len(hashes) < o.end // hb:
+                continue  # no block hash (yet): the placeholder payload
             first = (o.start // bs + 1) * bs if o.kind is ObjectKind.KV else o.end
             ends = range(first, o.end + 1, bs)
             begin = first - bs

@@ -12,6 +12,7 @@ import functools
 import json
 import operator
 import re
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -136,6 +137,14 @@ def model_fingerprint(fields: Mapping[str, object]) -> str:
     """
     blob = json.dumps(fields, sort_keys=True, default=str).encode()
     return blake3.blake3(blob).hexdigest(length=16)
+
+
+def epoch_fingerprint(fingerprint: str) -> str:
+    """A fingerprint of ``fingerprint``'s model after its weights changed in memory (its
+    files, which the fingerprint was made from, still name the old ones): random, so no
+    other process, a restart included, ever makes it."""
+    return blake3.blake3(f"{fingerprint}:epoch:{secrets.token_hex(16)}".encode()).hexdigest(
+        length=16)
 
 
 @functools.lru_cache(maxsize=64)  # a process sees a handful of fingerprints

@@ -33,7 +33,7 @@ import numpy as np
 
 from hybrid_connector.core.config import HybridConfig
 from hybrid_connector.core.hashes import Hashes
-from hybrid_connector.core.keys import ObjectKey, PrefixHasher, as_tokens
+from hybrid_connector.core.keys import ObjectKey, PrefixHasher, as_tokens, epoch_fingerprint
 from hybrid_connector.core.meta import ObjectMeta
 from hybrid_connector.geometry.model import ModelGeometry
 from hybrid_connector.index.discovery import Found, SharedView, discover
@@ -74,9 +74,9 @@ class CacheIndex(IndexCore):
         # tier_eviction: value scores tier victims and destinations (the backend's setting)
         valued = config.tier_eviction == "value"
         self.tier_value = TierValue.from_config(geometry, config) if valued else None
-        backend.attach(self.fingerprint, StoreHooks(
-            self._on_store_drop, self._merits_demotion, self._anchors_of_chunk,
-            self.tier_value))
+        self._hooks = StoreHooks(self._on_store_drop, self._merits_demotion,
+                                 self._anchors_of_chunk, self.tier_value)
+        backend.attach(self.fingerprint, self._hooks)
         with self.ledger.lock:
             if valued:
                 self.ledger.value_window = config.tier_value_window
@@ -345,12 +345,20 @@ class CacheIndex(IndexCore):
             self.issue(out)
         return rebuilt
 
-    def clear(self, keys: Iterable[ObjectKey] | None = None) -> set[ObjectKey]:
+    def clear(self, keys: Iterable[ObjectKey] | None = None, new_epoch: bool = False
+              ) -> set[ObjectKey]:
         """Forget ``keys``, None: everything of this model (``Reclaimer.clear``); returns
-        the keys whose puts are still in flight (clear them again once they report)."""
+        the keys whose puts are still in flight (clear them again once they report).
+        ``new_epoch``: the weights changed in memory, so what is saved from now on is keyed
+        under a fingerprint of its own (``keys.epoch_fingerprint``), which a restarted engine
+        (loading the files) never adopts and engines of the old weights never discover."""
         with self.lock:
             out, waiting = self.reclaim.clear(keys)
             self.issue(out)
+            if new_epoch:
+                self.retired.add(self.fingerprint)
+                self.fingerprint = epoch_fingerprint(self.fingerprint)
+                self.backend.attach(self.fingerprint, self._hooks)
         return waiting
 
     # ---------------------------------------------------------------- callbacks
@@ -383,4 +391,5 @@ class CacheIndex(IndexCore):
     def close(self) -> None:
         """Stop the policy's tuner and detach from the backend (which stays open)."""
         self.eviction.close()
-        self.backend.detach(self.fingerprint)
+        for fp in (self.fingerprint, *self.retired):
+            self.backend.detach(fp)

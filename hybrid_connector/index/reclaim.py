@@ -234,7 +234,7 @@ class Reclaimer:
         ix = self.ix
         out = Effects(list(placement.ops))
         for key in placement.dropped:
-            if key.fingerprint == ix.fingerprint:
+            if ix.owns(key.fingerprint):
                 out += self.unindex(key)
             else:
                 out.foreign.append(key)

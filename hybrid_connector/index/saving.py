@@ -252,7 +252,7 @@ class Saver:
                 out.ops.append(Record(key, shared, manifest_name(key.fingerprint, meta.prev),
                                       encode_record(key, nbytes, meta)))
         for k in placement.dropped:
-            if k.fingerprint == ix.fingerprint:
+            if ix.owns(k.fingerprint):
                 out += self.reclaim.unindex(k)
             else:
                 out.foreign.append(k)

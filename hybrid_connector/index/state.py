@@ -80,6 +80,7 @@ class IndexCore:
         self.fingerprint = model_fingerprint(
             {**geometry.fingerprint_fields(), "chunk": config.chunk_size,
              "hash_block": config.hash_block_size, "model_id": model_id, **(layout or {})})
+        self.retired: set[str] = set()  # earlier epochs' fingerprints (``CacheIndex.clear``)
         self.needs_state = bool(geometry.recurrent_layers)
         self.needs_kv = bool(geometry.attention_layers)  # False: a state-only model
         self.eviction, self.admission = policies
@@ -129,6 +130,11 @@ class IndexCore:
             keys = self.table.take_foreign()
         if keys:
             self.backend.report_dropped(keys)
+
+    def owns(self, fingerprint: str) -> bool:
+        """Is ``fingerprint`` this index's, now or in an earlier epoch (a put in flight at
+        ``clear(new_epoch=True)`` still carries that one)?"""
+        return fingerprint == self.fingerprint or fingerprint in self.retired
 
     def _alignment(self, alignment: int | None) -> int:
         return check_alignment(self.config.alignment if alignment is None else alignment)

@@ -65,3 +65,25 @@ def test_a_put_in_flight_is_cleared_once_it_reports() -> None:
     assert _clear(c, keys) == set()
     assert len(c.index.table) == 0 and not c.store.ledger.entries
     c.check_integrity()
+
+
+def test_a_new_epoch_keys_later_saves_apart_and_clears_the_old_ones_as_they_report() -> None:
+    """``clear(new_epoch=True)``: the weights changed in memory. What is saved after it
+    carries a fingerprint of its own; a put in flight from before still lands under the old
+    one, is this index's (integrity holds) and is cleared once it reports."""
+    c = make_cache()
+    old = c.index.fingerprint
+    kvb = TINY.kv_bytes_per_token()
+    before = c.index.begin_save(np.arange(24), [ObjectSpec(ObjectKind.KV, 0, 8, 8 * kvb)])
+    with c.index.lock:
+        waiting = c.index.clear(new_epoch=True)
+        c._run_drained()
+    assert waiting and c.index.fingerprint != old and c.index.owns(old)
+    save_seq(c, np.r_[np.arange(100, 140)], states=[16])
+    assert {k.fingerprint for k in c.index.where} >= {c.index.fingerprint}
+    c.check_integrity()  # the old put, still in flight, is this index's
+    c.index.complete_save(before, range(len(before.ops)), [True] * len(before.ops))
+    assert _clear(c, waiting) == set()
+    assert {k.fingerprint for k in c.index.where} == {c.index.fingerprint}
+    assert c.lookup(np.arange(100, 140)).num_tokens == 16  # the new epoch serves
+    c.check_integrity()

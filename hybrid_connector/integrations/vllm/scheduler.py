@@ -256,8 +256,7 @@ class SchedulerSide:
         """vLLM's ``register_finished_partial_tail``: the exact blocks holding the state at
         the request's last computed token (its own bookkeeping, when it keyed a partial
         tail there); ``finish_tail`` copies the state from them."""
-        n = request.num_computed_tokens
-        rec = self._progress.get(request.request_id)
+        n, rec = request.num_computed_tokens, self._progress.get(request.request_id)
         got = {int(g): int(b) for g, b, q in offloads if q == n and g in self._recurrent}
         if got and rec is not None:
             rec.tail_blocks = got
@@ -389,8 +388,9 @@ class SchedulerSide:
 
     def reset(self) -> bool:
         """vLLM's ``reset_cache`` (weights updated): forget every stored object (puts in
-        flight as they report) and stop saving the requests running now (stale KV)."""
-        self._stale |= self.index.clear()
+        flight as they report), stop saving running requests (stale KV), key new saves
+        under a new epoch (``CacheIndex.clear``)."""
+        self._stale |= self.index.clear(new_epoch=True)
         self._progress.clear()
         return True
 

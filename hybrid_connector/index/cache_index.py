@@ -212,15 +212,14 @@ class CacheIndex(IndexCore):
     def acquire(self, plan: LoadPlan) -> Lease | None:
         """Lock the plan's objects against eviction, pin them against moves, and count it
         as an access. ``None`` (nothing locked) when the plan went stale (a node or object
-        left since ``lookup``, or moved to another tier: reads go to the plan's): look up
-        again."""
+        left since ``lookup``): look up again."""
         if not plan.hit:
             return None
         with self.lock:
             node = self.tree.node(plan.node_id)
-            table, where = self.table, self.ledger.where
+            table = self.table
             if node is None or any(o.ref.key not in table or not table.usable(o.ref.key)
-                                   or where(o.ref.key) != o.tier for o in plan.objects):
+                                   for o in plan.objects):
                 return None
             kv_nodes = tuple(sorted({self.deepest_holder(node, plan.num_tokens).id}
                                     | {table.node_of(o.ref.key) or 0 for o in plan.kv}))

@@ -161,38 +161,6 @@ def test_a_leased_anchor_moved_by_a_split_is_not_evicted(store: str) -> None:
         c.close()
 
 
-def test_a_plan_whose_object_moved_tier_since_lookup_is_stale() -> None:
-    """What the property below found once on a busy machine: a thread looked up a plan (a
-    KV chunk on the device tier), another thread's save demoted that chunk to the host
-    tier before the first acquired the plan, and the load read the device tier: it failed.
-    ``acquire`` refuses such a plan (look up again), as it refuses one whose objects left."""
-    store = three_tiers()
-    c = assemble.cache(config(), TINY, store)
-    try:
-        toks = np.array([1, 2, 1, 0, 2, 2, 1])
-        c.save(toks, kv_items(toks, 0, len(toks)) + [state_item(toks, 4)])
-        plan = c.lookup(np.append(toks, 0))
-        assert plan.num_tokens == 4 and [o.tier for o in plan.kv] == ["device"]
-        for i in range(2):  # two more chunks: the device tier (two) demotes the oldest
-            other = np.array([2, 0, 0, i, 1, 1, 2, 2])
-            c.save(other, kv_items(other, 0, len(other)))
-        c.flush()
-        assert store.ledger.where(plan.kv[0].ref.key) == "host"  # moved since the lookup
-        assert c.acquire(plan) is None  # stale: look up again
-        again = c.lookup(np.append(toks, 0))
-        lease = c.acquire(again)
-        assert lease is not None and [o.tier for o in again.kv] == ["host"]
-        try:
-            got = c.load(again)
-        finally:
-            c.release(lease)
-        assert not got.failed and made_for(got.state, toks, 4)
-        c.flush()
-        check_consistent(c)
-    finally:
-        c.close()
-
-
 # ------------------------------------------------------------------ threaded property
 def memory() -> TieredStore:
     return MemoryStore(budgets(6, 4))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from abc import abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -30,6 +31,9 @@ from hybrid_connector.tiers.tier import (
 )
 
 log = logging.getLogger(__name__)
+# How long a put waits for room that removed objects still hold while a read copies them out:
+# only the slab tiers (device, host) reserve storage, so the wait is for a memory copy.
+ZOMBIE_WAIT_S = 5.0
 
 
 @dataclass(slots=True)
@@ -69,6 +73,7 @@ class IndexedTier(Tier):
             k: OrderedDict() for k in ObjectKind
         }
         self._lock = threading.RLock()
+        self._freed = threading.Condition(self._lock)  # a pinned removed entry was released
         self._stats = TierStats(name)
         # Entries removed or replaced while pinned, released at their last unpin.
         self._zombies: dict[ObjectKey, list[TierRecord]] = {}
@@ -188,9 +193,14 @@ class IndexedTier(Tier):
         with self._lock:
             # An old object under the key stays readable until the new one is in, so the
             # new one is reserved on top of it.
-            token = None
-            if self._pool_used(key.kind) + n <= self._budget[key.kind]:
+            token, until = None, time.monotonic() + ZOMBIE_WAIT_S
+            while self._pool_used(key.kind) + n <= self._budget[key.kind]:
                 token = self._reserve(key, n)
+                if token is not None or not self._zombies or time.monotonic() >= until:
+                    break
+                # the budget has room, but removed objects a read is still copying out hold
+                # it (their storage is freed at the last unpin): wait for that, not fail
+                self._freed.wait(until - time.monotonic())
             if token is None:
                 self._stats.put_failures += 1
                 return None
@@ -234,6 +244,7 @@ class IndexedTier(Tier):
             self._release(e)
         except OSError:
             self._stats.errors += 1
+        self._freed.notify_all()  # a put may be waiting for this room (``_admit``)
 
     def get_into(self, keys: Sequence[ObjectKey], outs: Sequence[torch.Tensor]) -> list[bool]:
         if len(keys) != len(outs):

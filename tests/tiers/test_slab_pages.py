@@ -20,3 +20,35 @@ def test_power_of_two_chunks_fill_the_budget(budget: int) -> None:
     while pool.alloc(chunk) is not None:
         held += 1
     assert held == budget // chunk
+
+
+def test_a_put_waits_for_room_a_read_still_holds_instead_of_failing() -> None:
+    """A removed object a concurrent read is copying out keeps its pages until the read
+    unpins it, though the budget already counts them free. The executor's lane puts into
+    that room (the ledger made it with the removal): the put failed, and an object taken
+    out of its tier for a promotion was lost with it (a load under a lease then failed in
+    ``tests/core/test_cache_threads.py``). The put now waits for the read to end."""
+    import threading
+
+    import torch
+
+    from hybrid_connector.core.keys import ObjectKey, ObjectKind
+    from hybrid_connector.tiers.host import HostTier
+
+    def key(i: int) -> ObjectKey:
+        return ObjectKey("fp", bytes([i]) * 16, ObjectKind.KV, 0, 8)
+
+    t = HostTier({ObjectKind.KV: 2 * 4096}, name="h")
+    read_ends = threading.Timer(0.3, t.unpin, ([key(1)],))
+    try:
+        a, b = torch.full((1024,), 1.0), torch.full((1024,), 2.0)  # 4 KiB each: full
+        assert t.put([(key(1), a), (key(2), b)]) == [True, True]
+        assert t.pin([key(1)]) == [True]  # a read of key 1 in progress
+        assert t.remove([key(1)]) == [True]  # the removal the ledger made room with
+        read_ends.start()
+        assert t.put([(key(3), torch.full((1024,), 3.0))]) == [True]
+        got = t.get([key(3)])[0]
+        assert got is not None and bool((got == 3.0).all())
+    finally:
+        read_ends.join()
+        t.close()

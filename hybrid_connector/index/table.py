@@ -255,7 +255,9 @@ class StateTable:
 
     def take_changes(self) -> set[ObjectKey]:
         """The keys recorded since the last call (empty when not watching)."""
-        got, self.changes = self.changes or set(), set() if self.changes is not None else None
+        if self.changes is None:
+            return set()
+        got, self.changes = self.changes, set()
         return got
 
     def take_ops(self) -> list[Op]:

@@ -44,6 +44,7 @@ from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
 from hybrid_connector.core.keys import ObjectKey, ObjectKind
 from hybrid_connector.index.cache_index import CacheIndex
 from hybrid_connector.integrations.vllm.meta import SaveObject
+from hybrid_connector.integrations.vllm.setup import connector_extra
 
 # tier name (``tiers.configured.tier_specs``) -> (medium, locality)
 MEDIA: dict[str, tuple[str, str | None]] = {
@@ -127,9 +128,13 @@ class KvEvents:
                 self._payloads.pop(key, None)
         return gone + new
 
+    def _payload(self, key: ObjectKey) -> Payload:
+        """``key``'s self-describing fields, else vLLM's placeholder: its one block hash."""
+        return self._payloads.get(key) or Payload((_hash(key.prefix),), None, (), 0, None, None)
+
     def _stored(self, key: ObjectKey, tier: str) -> list[KVCacheEvent]:
         medium, locality = MEDIA.get(tier, (MEDIUM_CPU, None))
-        p = self._payloads.get(key) or Payload((_hash(key.prefix),), None, (), 0, None, None)
+        p = self._payload(key)
         return [BlockStored(block_hashes=list(p.block_hashes), parent_block_hash=p.parent,
                             token_ids=list(p.token_ids), block_size=p.block_size,
                             lora_id=p.lora_id, medium=medium, lora_name=p.lora_name,
@@ -139,8 +144,7 @@ class KvEvents:
 
     def _removed(self, key: ObjectKey, tier: str) -> list[KVCacheEvent]:
         medium, locality = MEDIA.get(tier, (MEDIUM_CPU, None))
-        p = self._payloads.get(key)
-        hashes = list(p.block_hashes) if p is not None else [_hash(key.prefix)]
+        hashes = list(self._payload(key).block_hashes)
         return [BlockRemoved(block_hashes=hashes, medium=medium, group_idx=g, locality=locality)
                 for g in self.groups.get(key.kind, ())]
 
@@ -154,11 +158,9 @@ def kv_events(vllm_config: Any, kv_cache_config: Any, index: CacheIndex, groups:
     ec = vllm_config.kv_events_config
     if ec is None or not ec.enable_kv_cache_events:
         return None
-    ktc = vllm_config.kv_transfer_config
-    extra = (ktc.kv_connector_extra_config or {}) if ktc is not None else {}
     kinds = {i: get_kv_cache_spec_kind(g.kv_cache_spec).value
              for i, g in enumerate(kv_cache_config.kv_cache_groups)}
     fills = {ObjectKind.KV: tuple(sorted({g for g, _ in groups.attention})),
              ObjectKind.STATE: tuple(groups.recurrent_groups)}
     return KvEvents(index, fills, kinds, groups.block_size, hash_block,
-                    bool(extra.get("self_describing_kv_events", False)))
+                    bool(connector_extra(vllm_config).get("self_describing_kv_events", False)))

@@ -55,7 +55,7 @@ class Groups:
     num_groups: int
 
 
-def _extra(vllm_config: VllmConfig) -> dict[str, Any]:
+def connector_extra(vllm_config: VllmConfig) -> dict[str, Any]:
     """``--kv-transfer-config``'s ``kv_connector_extra_config`` ({} when unset)."""
     ktc = vllm_config.kv_transfer_config
     return dict(ktc.kv_connector_extra_config or {}) if ktc else {}
@@ -63,7 +63,7 @@ def _extra(vllm_config: VllmConfig) -> dict[str, Any]:
 
 def config_path(vllm_config: VllmConfig) -> str | None:
     """The YAML from ``kv_connector_extra_config.config_file``, else ``HYBRID_CONNECTOR_CONFIG``."""
-    return _extra(vllm_config).get("config_file") or os.environ.get(ENV_PATH)
+    return connector_extra(vllm_config).get("config_file") or os.environ.get(ENV_PATH)
 
 
 def model_id_of(vllm_config: VllmConfig, config: HybridConfig) -> str:
@@ -75,7 +75,7 @@ def model_id_of(vllm_config: VllmConfig, config: HybridConfig) -> str:
     mc = vllm_config.model_config
     if mc is None:
         return ""
-    stated = _extra(vllm_config).get("model_id") or config.extra_config.get("model_id")
+    stated = connector_extra(vllm_config).get("model_id") or config.extra_config.get("model_id")
     load = getattr(vllm_config, "load_config", None)
     return model_identity(str(mc.model), mc.revision, mc.hf_config,
                           getattr(load, "download_dir", None), stated=stated)

@@ -21,9 +21,7 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
-import vllm_support as s  # noqa: E402
 
-from hybrid_connector.bench.vllm_peers import engine as eng  # noqa: E402
 from hybrid_connector.core.keys import ObjectKind  # noqa: E402
 
 TIERED = """chunk_size: {chunk}
@@ -56,19 +54,18 @@ class Capture:
         return getattr(self.publisher, name)
 
 
-def _engine(root: Path, yaml_text: str, *, events: dict[str, Any] | None, num_blocks: int = 16,
+def _engine(root: Path, yaml_text: str, *, events: dict[str, Any] | None,
             extra: dict[str, Any] | None = None, chunk: int = 32
             ) -> tuple[Any, Any, h.Runner]:
+    """``h.engine`` with vLLM's KV events configured as ``events`` (None: off)."""
     from vllm.config import KVEventsConfig
 
-    y = root / "events.yaml"
-    y.write_text(yaml_text.format(dir=root / "nvme", chunk=chunk))
-    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=None, extra=extra)
-    if events is not None:
-        vc.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, **events)
-    cfg = s.kv_cache_config(vc, num_blocks=num_blocks)
-    worker = eng.make_worker(vc, cfg)
-    return h.make_scheduler(vc, cfg), worker, h.Runner(cfg, worker)
+    def configure(vc: Any) -> None:
+        if events is not None:
+            vc.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, **events)
+
+    return h.engine(root, yaml_text.format(dir=root / "nvme", chunk=chunk), retention=None,
+                    num_blocks=16, name="events.yaml", extra=extra, configure=configure)
 
 
 def _prompts(n: int, seed: int = 3) -> list[list[int]]:

@@ -18,7 +18,6 @@ pytest.importorskip("vllm")
 import vllm_harness as h  # noqa: E402
 import vllm_support as s  # noqa: E402
 
-from hybrid_connector.bench.vllm_peers import engine as eng  # noqa: E402
 from hybrid_connector.bench.vllm_peers.run import StepReports  # noqa: E402
 
 YAML = s.BASE_YAML + "save_decode_cache: true\n"  # answers' exact end states: held blocks
@@ -30,30 +29,26 @@ def _engine(root: Path, multi: bool = True, events: bool = False
     ours alone); and our scheduler side."""
     from vllm.config import KVEventsConfig, KVTransferConfig
 
+    def configure(vc: Any) -> None:
+        if multi:
+            ours = vc.kv_transfer_config
+            child = {"kv_connector": ours.kv_connector,
+                     "kv_connector_module_path": ours.kv_connector_module_path,
+                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                     "kv_connector_extra_config": dict(ours.kv_connector_extra_config)}
+            vc.kv_transfer_config = KVTransferConfig(
+                kv_connector="MultiConnector", kv_role="kv_both",
+                kv_load_failure_policy="recompute",
+                kv_connector_extra_config={"connectors": [child]})
+        if events:
+            vc.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+
     root.mkdir(exist_ok=True)
-    y = root / "multi.yaml"
-    y.write_text(YAML)
-    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=None)
+    sched, worker, runner = h.engine(root, YAML, retention=None, num_blocks=16,
+                                     name="multi.yaml", configure=configure)
     if not multi:
-        cfg = s.kv_cache_config(vc, num_blocks=16)
-        worker = eng.make_worker(vc, cfg)
-        sched = h.make_scheduler(vc, cfg)
-        return sched, worker, h.Runner(cfg, worker), sched.connector.sched
-    ours = vc.kv_transfer_config
-    child = {"kv_connector": ours.kv_connector,
-             "kv_connector_module_path": ours.kv_connector_module_path,
-             "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-             "kv_connector_extra_config": dict(ours.kv_connector_extra_config)}
-    vc.kv_transfer_config = KVTransferConfig(
-        kv_connector="MultiConnector", kv_role="kv_both", kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"connectors": [child]})
-    if events:
-        vc.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
-    cfg = s.kv_cache_config(vc, num_blocks=16)
-    worker = eng.make_worker(vc, cfg)
-    sched = h.make_scheduler(vc, cfg)
+        return sched, worker, runner, sched.connector.sched
     assert type(sched.connector).__name__ == "MultiConnector"
-    runner = h.Runner(cfg, worker)
     # op reports one step after their ops, as the harness does for our own connector
     runner.reports = StepReports(worker.sub_connectors[0].worker)
     return sched, worker, runner, sched.connector.sub_connectors[0].sched

@@ -17,9 +17,6 @@ import pytest
 pytest.importorskip("vllm")
 
 import vllm_harness as h  # noqa: E402
-import vllm_support as s  # noqa: E402
-
-from hybrid_connector.bench.vllm_peers import engine as eng  # noqa: E402
 
 SHARED = ("chunk_size: 64\nhash_block_size: 32\nalignment: 32\nreplay: false\n"
           "save_decode_cache: true\nremote_url: {url}\n"
@@ -28,14 +25,13 @@ SHARED = ("chunk_size: 64\nhash_block_size: 32\nalignment: 32\nreplay: false\n"
 
 def _engine(root: Path, url: str, role: str) -> tuple[Any, Any, h.Runner]:
     root.mkdir()
-    y = root / "pd.yaml"
-    y.write_text(SHARED.format(url=url))
-    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=None,
-                       extra={"model_id": "org/tiny@pd"})  # both instances: the same weights
-    vc.kv_transfer_config.kv_role = role
-    cfg = s.kv_cache_config(vc, num_blocks=16)
-    worker = eng.make_worker(vc, cfg)
-    return h.make_scheduler(vc, cfg), worker, h.Runner(cfg, worker)
+
+    def configure(vc: Any) -> None:
+        vc.kv_transfer_config.kv_role = role
+
+    return h.engine(root, SHARED.format(url=url), retention=None, num_blocks=16,
+                    name="pd.yaml", configure=configure,
+                    extra={"model_id": "org/tiny@pd"})  # both instances: the same weights
 
 
 def _prompts(n: int) -> list[list[int]]:

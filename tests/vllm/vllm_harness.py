@@ -18,6 +18,7 @@ runner (real logits) is the other half (issue 11, still open).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,16 +198,22 @@ def make_request(rid: str, prompt: list[int], max_tokens: int,
 
 
 def engine(root: Path, yaml_text: str, *, retention: int | None, num_blocks: int,
-           name: str = "hybrid.yaml", async_scheduling: bool = False
+           name: str = "hybrid.yaml", async_scheduling: bool = False,
+           extra: dict[str, Any] | None = None, configure: Callable[[Any], None] | None = None
            ) -> tuple[Any, Any, Runner]:
     """vLLM's ``Scheduler``, our connector's worker side (from vLLM's factory) and a
     ``Runner`` on vLLM's own buffers, for tiny Nemotron-H under ``root``, the connector
     config ``yaml_text`` (written to ``root / name``), vLLM's
     ``prefix_cache_retention_interval`` ``retention`` and ``num_blocks`` device blocks
-    (``async_scheduling``: vLLM's ``AsyncScheduler``, see ``make_scheduler``)."""
+    (``async_scheduling``: vLLM's ``AsyncScheduler``, see ``make_scheduler``). ``extra``:
+    more of the connector's ``kv_connector_extra_config``; ``configure``: called with the
+    ``VllmConfig`` before anything is built from it (KV events, ``kv_role``, another
+    connector around ours)."""
     y = root / name
     y.write_text(yaml_text)
-    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=retention)
+    vc = s.vllm_config(s.tiny_nemotron_h(root), y, retention=retention, extra=extra)
+    if configure is not None:
+        configure(vc)
     cfg = s.kv_cache_config(vc, num_blocks=num_blocks)
     worker = eng.make_worker(vc, cfg)
     return make_scheduler(vc, cfg, async_scheduling), worker, Runner(cfg, worker)
